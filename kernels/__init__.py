@@ -1,0 +1,1 @@
+"""Triton kernels of ReplaySSM (installed as sglang_replayssm.kernels)."""

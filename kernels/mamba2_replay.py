@@ -1,0 +1,501 @@
+"""Mamba-2 ReplaySSM kernels: decode, chain verify and flush in one Triton kernel.
+
+Per request slot and layer the pool holds a checkpoint ``h_c`` [H, P, N] and
+an input buffer (a ring of ``capacity`` entries) of the SSM inputs seen since
+the checkpoint: ``x`` [H, cap, P], ``B`` [G, cap, N] (activation dtype) and
+the effective step ``dt`` [H, cap] (float32, after bias and softplus). The
+cursors (``fill``, ``origin``) and the flush rule are defined in
+:mod:`sglang_replayssm.kernels.cursors`.
+
+For token ``q`` at logical position ``q`` after the checkpoint, with
+``cum_s = sum_{r<=s} A dt_r``, the kernel computes (fp32 accumulation)
+
+    y_q = exp(cum_q) h_c C_q + sum_{s<=q} exp(cum_q - cum_s) dt_s (B_s . C_q) x_s + D x_q
+
+reading the checkpoint once per step and writing it only on a flush, where
+
+    h_c <- exp(cum_n) h_c + sum_{s<n} exp(cum_n - cum_s) dt_s x_s B_s^T     (tl.dot)
+
+Two routes compute ``y_q`` (``tl.constexpr RECONSTRUCT``):
+
+* ``output_only``: inner products only, ``exp(cum_q) (h_c . C_q) + sum_s w_s x_s``;
+* ``reconstruct``: rebuild the state with ``tl.dot`` and read it with ``C_q``.
+
+The window's own inputs are read from the call's tensors, never back from the
+buffer, so no program reads an entry another program of the same launch
+writes. One program handles (row, head, BLOCK_P slice of headdim); all P
+slices of a head and all heads of a group share their B/C reads through L2.
+
+The float64 oracles are in :mod:`sglang_replayssm.reference`.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions, required_capacity
+
+__all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush",
+           "ROUTES", "Mamba2ReplayConfig", "default_config"]
+
+ROUTES = ("output_only", "reconstruct")
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _softplus(x):
+    # F.softplus with its default threshold of 20, as SGLang's kernels use
+    return tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
+
+
+@triton.jit
+def _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION: tl.constexpr):
+    """State after the positions selected by ``upto``: exp(total) h + sum_s
+    exp(total - cum_s) dt_s x_s B_s^T, where total = cum at the last one."""
+    w = tl.where(upto, tl.exp(tl.minimum(total - cum, 0.0)) * dt, 0.0)
+    return h * tl.exp(total) + tl.dot(tl.trans(xs * w[:, None]), Bs,
+                                      input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _mamba2_replay_kernel(
+    ckpt_ptr, fold_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr,
+    fill_ptr, origin_ptr, slot_ptr,
+    x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, A_ptr, D_ptr, dt_bias_ptr, out_ptr,
+    heads_per_group, headdim, dstate, buffer_len, capacity,
+    s_ck_slot, s_ck_head, s_ck_p,
+    s_xb_slot, s_xb_head, s_xb_pos,
+    s_bb_slot, s_bb_group, s_bb_pos,
+    s_db_slot, s_db_head,
+    s_x_row, s_x_t, s_x_head,
+    s_dt_row, s_dt_t, s_dt_head,
+    s_B_row, s_B_t, s_B_group,
+    s_C_row, s_C_t, s_C_group,
+    s_z_row, s_z_t, s_z_head,
+    s_o_row, s_o_t, s_o_head,
+    s_A, s_D, s_dtb,
+    T: tl.constexpr, MODE: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    RECONSTRUCT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.program_id(2)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    if slot < 0:  # padded row: nothing read, nothing written
+        return
+    fill = tl.load(fill_ptr + slot)
+    origin = tl.load(origin_ptr + slot)
+    if MODE == 2:
+        if fill == 0:
+            return
+    group = head // heads_per_group
+
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_p = offs_p < headdim
+    mask_n = offs_n < dstate
+    A = tl.load(A_ptr + head * s_A).to(tl.float32)
+
+    # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window
+    is_hist = offs_s < fill
+    win = offs_s - fill
+    is_win = (win >= 0) & (win < T)
+    win = tl.where(is_win, win, 0)
+    ring = origin + offs_s
+    ring = tl.where(ring >= capacity, ring - capacity, ring)
+
+    dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring, mask=is_hist, other=0.0)
+    dt_w = tl.load(dt_ptr + row * s_dt_row + win * s_dt_t + head * s_dt_head,
+                   mask=is_win, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        dt_w += tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
+    if DT_SOFTPLUS:
+        dt_w = _softplus(dt_w)
+    dt = tl.where(is_hist, dt_h, tl.where(is_win, dt_w, 0.0))
+    cum = tl.cumsum(dt * A, axis=0)
+
+    m_hp = is_hist[:, None] & mask_p[None, :]
+    m_wp = is_win[:, None] & mask_p[None, :]
+    x_w = tl.load(x_ptr + row * s_x_row + win[:, None] * s_x_t + head * s_x_head + offs_p[None, :],
+                  mask=m_wp, other=0.0)
+    xs = x_w.to(tl.float32) + tl.load(
+        xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos + offs_p[None, :],
+        mask=m_hp, other=0.0).to(tl.float32)
+    m_hn = is_hist[:, None] & mask_n[None, :]
+    m_wn = is_win[:, None] & mask_n[None, :]
+    B_w = tl.load(B_ptr + row * s_B_row + win[:, None] * s_B_t + group * s_B_group + offs_n[None, :],
+                  mask=m_wn, other=0.0)
+    Bs = B_w.to(tl.float32) + tl.load(
+        bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos + offs_n[None, :],
+        mask=m_hn, other=0.0).to(tl.float32)
+
+    ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p + offs_n[None, :]
+    m_pn = mask_p[:, None] & mask_n[None, :]
+    if HAS_FOLD_COPY:
+        fold_src = fold_ptr
+    else:
+        fold_src = ckpt_ptr
+
+    if MODE == 0:
+        # ---- decode: one token at position `fill`, always accepted ----
+        flush = fill + 1 >= buffer_len
+        C_q = tl.load(C_ptr + row * s_C_row + group * s_C_group + offs_n,
+                      mask=mask_n, other=0.0).to(tl.float32)
+        if flush:
+            # fold history + this token (the fold copy is the precise one)
+            h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+            upto = offs_s <= fill
+            total = tl.sum(tl.where(upto, dt * A, 0.0), axis=0)
+            h = _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION)
+            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
+            if HAS_FOLD_COPY:
+                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+            y = tl.sum(h * C_q[None, :], axis=1)
+        else:
+            h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+            cum_q = tl.sum(tl.where(offs_s == fill, cum, 0.0), axis=0)
+            live = offs_s <= fill
+            w = tl.where(live, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
+            if RECONSTRUCT:
+                h_q = h * tl.exp(cum_q) + tl.dot(tl.trans(xs * w[:, None]), Bs,
+                                                 input_precision=DOT_PRECISION)
+                y = tl.sum(h_q * C_q[None, :], axis=1)
+            else:
+                cb = tl.sum(Bs * C_q[None, :], axis=1)
+                y = tl.exp(cum_q) * tl.sum(h * C_q[None, :], axis=1) + \
+                    tl.sum(xs * (w * cb)[:, None], axis=0)
+        x_q = tl.load(x_ptr + row * s_x_row + head * s_x_head + offs_p,
+                      mask=mask_p, other=0.0).to(tl.float32)
+        if HAS_D:
+            y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
+        if HAS_Z:
+            zq = tl.load(z_ptr + row * s_z_row + head * s_z_head + offs_p,
+                         mask=mask_p, other=0.0).to(tl.float32)
+            y = y * zq * tl.sigmoid(zq)
+        tl.store(out_ptr + row * s_o_row + head * s_o_head + offs_p,
+                 y.to(out_ptr.dtype.element_ty), mask=mask_p)
+        # a flushing row folded its token: it does not enter the buffer
+        write = is_win & (fill + 1 < buffer_len)
+    else:
+        total = tl.sum(tl.where(is_hist, dt * A, 0.0), axis=0)
+        if MODE == 1:
+            # ---- verify: T drafts, output-only, the window is never folded ----
+            flush = fill + T >= buffer_len
+            if flush:
+                h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+                h = _fold(h, xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
+                tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
+                if HAS_FOLD_COPY:
+                    tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+                lo = fill
+                base = total
+            else:
+                h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+                lo = fill * 0
+                base = total * 0.0
+            for j in tl.static_range(T):
+                q = fill + j
+                C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
+                              mask=mask_n, other=0.0).to(tl.float32)
+                cum_q = tl.sum(tl.where(offs_s == q, cum, 0.0), axis=0)
+                live = (offs_s >= lo) & (offs_s <= q)
+                w = tl.where(live, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
+                decay = tl.exp(cum_q - base)
+                if RECONSTRUCT:
+                    h_q = h * decay + tl.dot(tl.trans(xs * w[:, None]), Bs,
+                                             input_precision=DOT_PRECISION)
+                    y = tl.sum(h_q * C_q[None, :], axis=1)
+                else:
+                    cb = tl.sum(Bs * C_q[None, :], axis=1)
+                    y = decay * tl.sum(h * C_q[None, :], axis=1) + \
+                        tl.sum(xs * (w * cb)[:, None], axis=0)
+                x_q = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
+                              mask=mask_p, other=0.0).to(tl.float32)
+                if HAS_D:
+                    y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
+                if HAS_Z:
+                    zq = tl.load(z_ptr + row * s_z_row + j * s_z_t + head * s_z_head + offs_p,
+                                 mask=mask_p, other=0.0).to(tl.float32)
+                    y = y * zq * tl.sigmoid(zq)
+                tl.store(out_ptr + row * s_o_row + j * s_o_t + head * s_o_head + offs_p,
+                         y.to(out_ptr.dtype.element_ty), mask=mask_p)
+            write = is_win
+        else:
+            # ---- flush only: fold the whole buffer ----
+            h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+            h = _fold(h, xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
+            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
+            if HAS_FOLD_COPY:
+                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+
+    # append the window to the ring: x by every P slice, dt by the first P
+    # slice of each head, B by the first P slice of the group's first head
+    if T > 0:
+        tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
+                 + offs_p[None, :], x_w.to(xbuf_ptr.dtype.element_ty),
+                 mask=write[:, None] & mask_p[None, :])
+        if pid_p == 0:
+            tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring, dt, mask=write)
+            if head % heads_per_group == 0:
+                tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
+                         + offs_n[None, :], B_w.to(bbuf_ptr.dtype.element_ty),
+                         mask=write[:, None] & mask_n[None, :])
+
+
+# --------------------------------------------------------------------------
+# launchers
+# --------------------------------------------------------------------------
+
+class Mamba2ReplayConfig:
+    """Launch configuration: headdim slice per program and warps."""
+
+    __slots__ = ("block_p", "num_warps")
+
+    def __init__(self, block_p: int, num_warps: int):
+        self.block_p = block_p
+        self.num_warps = num_warps
+
+    def __repr__(self):
+        return f"Mamba2ReplayConfig(block_p={self.block_p}, num_warps={self.num_warps})"
+
+
+def default_config(headdim: int, dstate: int, state_dtype: torch.dtype) -> Mamba2ReplayConfig:
+    """Heuristic launch configuration (see scripts/bench_kernels.py --sweep)."""
+    block_p = min(32, triton.next_power_of_2(headdim))
+    return Mamba2ReplayConfig(block_p=max(16, block_p), num_warps=4)
+
+
+def default_route(batch: int, state_dtype: torch.dtype) -> str:
+    """Route picked from measurement (benchmarks/results/kernels_mamba2.md)."""
+    return "output_only"
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _per_head(t: torch.Tensor | None, name: str, nheads: int, batch_dims: int = 0):
+    """Accept a per-head parameter either as [.., H] or in SGLang's layout
+    expanded over headdim (and dstate) with stride 0; return the [.., H] view."""
+    if t is None:
+        return None
+    while t.dim() > batch_dims + 1:
+        if t.stride(-1) != 0 and t.shape[-1] != 1:
+            raise ValueError(
+                f"ReplaySSM Mamba-2 needs `{name}` tied across headdim/dstate (one value per "
+                f"head, as Mamba-2 models pass it: expanded with stride 0); got shape "
+                f"{tuple(t.shape)} with strides {t.stride()}")
+        t = t[..., 0]
+    if t.shape[-1] != nheads:
+        raise ValueError(f"`{name}` must have {nheads} heads in its last per-head dim, "
+                         f"got shape {tuple(t.shape)}")
+    return t
+
+
+def _check(cond: bool, msg: str):
+    if not cond:
+        raise ValueError(msg)
+
+
+def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+            x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, buffer_len, checkpoint_fold,
+            route, config, validate):
+    num_slots, H, P, N = checkpoint.shape
+    G = B_buffer.shape[1]
+    cap = x_buffer.shape[2]
+    batch = slot_ids.shape[0]
+    T = 0 if x is None else x.shape[1]
+
+    _check(checkpoint.dtype in STATE_DTYPES,
+           f"checkpoint dtype {checkpoint.dtype} not supported (use one of {STATE_DTYPES})")
+    _check(checkpoint.stride(-1) == 1, "checkpoint must be contiguous in dstate (stride(-1) == 1)")
+    if checkpoint_fold is not None:
+        _check(checkpoint_fold.shape == checkpoint.shape,
+               f"checkpoint_fold shape {tuple(checkpoint_fold.shape)} != checkpoint shape "
+               f"{tuple(checkpoint.shape)}")
+        _check(checkpoint_fold.stride() == checkpoint.stride(),
+               "checkpoint_fold must have the same strides as checkpoint")
+        _check(checkpoint_fold.dtype in STATE_DTYPES,
+               f"checkpoint_fold dtype {checkpoint_fold.dtype} not supported")
+    _check(tuple(x_buffer.shape) == (num_slots, H, cap, P),
+           f"x_buffer must be [num_slots={num_slots}, H={H}, capacity, P={P}], got "
+           f"{tuple(x_buffer.shape)}")
+    _check(tuple(B_buffer.shape) == (num_slots, G, cap, N) and H % G == 0,
+           f"B_buffer must be [num_slots={num_slots}, G, capacity={cap}, N={N}] with H % G == 0, "
+           f"got {tuple(B_buffer.shape)}")
+    _check(tuple(dt_buffer.shape) == (num_slots, H, cap),
+           f"dt_buffer must be [num_slots={num_slots}, H={H}, capacity={cap}], got "
+           f"{tuple(dt_buffer.shape)}")
+    _check(dt_buffer.dtype == torch.float32, f"dt_buffer must be float32, got {dt_buffer.dtype}")
+    _check(x_buffer.dtype in ACT_DTYPES and B_buffer.dtype in ACT_DTYPES,
+           f"x_buffer/B_buffer dtype must be one of {ACT_DTYPES}")
+    for name, t in (("x_buffer", x_buffer), ("B_buffer", B_buffer), ("dt_buffer", dt_buffer)):
+        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim")
+    _check(fill.dtype == torch.int32 and origin.dtype == torch.int32,
+           f"cursors fill/origin must be int32, got {fill.dtype}/{origin.dtype}")
+    _check(fill.shape == (num_slots,) and origin.shape == (num_slots,),
+           f"cursors must be [num_slots={num_slots}]")
+    _check(slot_ids.dim() == 1 and slot_ids.dtype in (torch.int32, torch.int64),
+           f"slot_ids must be a 1-D int32/int64 tensor, got {slot_ids.dtype} {tuple(slot_ids.shape)}")
+    _check(buffer_len >= 1, f"buffer_len must be >= 1, got {buffer_len}")
+    if mode == MODE_VERIFY:
+        _check(T < buffer_len, f"buffer_len ({buffer_len}) must exceed the speculative window "
+                               f"(T={T} draft tokens): raise --replayssm-buffer-len")
+    need = required_capacity(buffer_len, max(T, 1))
+    _check(cap >= need, f"input buffer capacity {cap} is too short for buffer_len {buffer_len} and "
+                        f"a window of {max(T, 1)} (needs >= {need} entries)")
+    if route == "auto":
+        route = default_route(batch, checkpoint.dtype)
+    _check(route in ROUTES, f"route must be one of {ROUTES} or 'auto', got {route!r}")
+
+    if x is not None:
+        _check(x.dim() == 4 and x.shape[0] == batch and x.shape[2:] == (H, P),
+               f"x must be [batch={batch}, T, H={H}, P={P}], got {tuple(x.shape)}")
+        _check(x.dtype in ACT_DTYPES, f"x dtype {x.dtype} not supported")
+        _check(x.stride(-1) == 1, "x must be contiguous in headdim")
+        for name, t in (("B", B), ("C", C)):
+            _check(t.dim() == 4 and tuple(t.shape) == (batch, T, G, N),
+                   f"{name} must be [batch={batch}, T={T}, G={G}, N={N}], got {tuple(t.shape)}")
+            _check(t.stride(-1) == 1, f"{name} must be contiguous in dstate")
+        _check(dt.dim() == 3 and tuple(dt.shape) == (batch, T, H),
+               f"dt must be [batch, T, H] (per-head), got {tuple(dt.shape)}")
+        if z is not None:
+            _check(z.shape == x.shape and z.stride(-1) == 1, "z must have the shape of x, contiguous")
+        if out is None:
+            out = torch.empty_like(x)
+        _check(out.shape == x.shape and out.stride(-1) == 1, "out must have the shape of x")
+        if validate:
+            for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)):
+                if t is not None and not bool(torch.isfinite(t).all()):
+                    raise ValueError(f"`{name}` contains NaN or inf")
+    A = _per_head(A, "A", H)
+    D = _per_head(D, "D", H)
+    dt_bias = _per_head(dt_bias, "dt_bias", H)
+    if validate:
+        for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+            if t is not None and not bool(torch.isfinite(t).all()):
+                raise ValueError(f"`{name}` contains NaN or inf")
+        live = slot_ids >= 0
+        _check(bool((slot_ids[live] < num_slots).all()), "slot_ids out of range")
+        f = fill[slot_ids[live].long()]
+        _check(bool(((f >= 0) & (f < buffer_len)).all()),
+               f"cursor fill out of range [0, {buffer_len}): {f.tolist()[:8]}")
+    if batch == 0:
+        return out
+
+    cfg = config or default_config(P, N, checkpoint.dtype)
+    BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
+    BLOCK_N = max(16, triton.next_power_of_2(N))
+    dummy = dt_buffer
+    xs = x if x is not None else x_buffer.new_empty(batch, 1, H, P)
+    dts = dt if dt is not None else dt_buffer.new_empty(batch, 1, H)
+    Bw = B if B is not None else B_buffer.new_empty(batch, 1, G, N)
+    Cw = C if C is not None else Bw
+    zs = z if z is not None else xs
+    outs = out if out is not None else xs
+    grid = (triton.cdiv(P, cfg.block_p), H, batch)
+    _mamba2_replay_kernel[grid](
+        checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
+        x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+        xs, dts, Bw, Cw, zs, A, D if D is not None else dummy,
+        dt_bias if dt_bias is not None else dummy, outs,
+        H // G, P, N, buffer_len, cap,
+        checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
+        x_buffer.stride(0), x_buffer.stride(1), x_buffer.stride(2),
+        B_buffer.stride(0), B_buffer.stride(1), B_buffer.stride(2),
+        dt_buffer.stride(0), dt_buffer.stride(1),
+        xs.stride(0), xs.stride(1), xs.stride(2),
+        dts.stride(0), dts.stride(1), dts.stride(2),
+        Bw.stride(0), Bw.stride(1), Bw.stride(2),
+        Cw.stride(0), Cw.stride(1), Cw.stride(2),
+        zs.stride(0), zs.stride(1), zs.stride(2),
+        outs.stride(0), outs.stride(1), outs.stride(2),
+        A.stride(0), D.stride(0) if D is not None else 0,
+        dt_bias.stride(0) if dt_bias is not None else 0,
+        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block_p, BLOCK_N=BLOCK_N,
+        RECONSTRUCT=(route == "reconstruct"), HAS_FOLD_COPY=checkpoint_fold is not None,
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=dt_softplus,
+        DOT_PRECISION="ieee" if _interpreting() else "tf32x3",
+        num_warps=cfg.num_warps,
+    )
+    return out
+
+
+def mamba2_replay_decode(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+                         x, dt, A, B, C, *, buffer_len, D=None, z=None, dt_bias=None,
+                         dt_softplus=True, out=None, checkpoint_fold=None, route="auto",
+                         config=None, validate=False):
+    """One decode step of a Mamba-2 layer from checkpoint + input buffer.
+
+    Shapes (b = batch rows, S = pool slots, cap = buffer capacity):
+        checkpoint       [S, H, P, N]   fp32/bf16/fp16, dstate contiguous; read
+                         every step, written only on the row's flush step
+        checkpoint_fold  [S, H, P, N] or None: the precise copy the flush reads
+                         and writes (dual precision; same strides as checkpoint)
+        x_buffer         [S, H, cap, P] activation dtype (bf16/fp16/fp32)
+        B_buffer         [S, G, cap, N] activation dtype
+        dt_buffer        [S, H, cap]    float32 (effective dt, after bias+softplus)
+        fill, origin     [S] int32 device cursors (see ``cursors``); read only
+                         here, advanced afterwards by ``cursors.commit``
+        slot_ids         [b] int32/int64, -1 = padded row (untouched)
+        x                [b, H, P]      dt [b, H] or [b, H, P] with stride 0 over P
+        A                [H] fp32 or [H, P, N] with stride 0 (SGLang's layout)
+        B, C             [b, G, N]      D, dt_bias: [H] or [H, P] stride 0, or None
+        z                [b, H, P] or None (gate y * silu(z))
+        out              [b, H, P] or None (allocated like x)
+    Any stride is taken from the tensors (slot stride included) except the
+    innermost dim, which must be contiguous.
+    Returns ``out``.
+    """
+    if x.dim() != 3:
+        raise ValueError(f"decode expects x [batch, H, P], got {tuple(x.shape)}")
+    H = x.shape[1]
+    dt = _per_head(dt, "dt", H, batch_dims=1)
+    o = _launch(MODE_DECODE, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+                x.unsqueeze(1), dt.unsqueeze(1), A, B.unsqueeze(1), C.unsqueeze(1), D,
+                None if z is None else z.unsqueeze(1), dt_bias, dt_softplus,
+                None if out is None else out.unsqueeze(1), buffer_len, checkpoint_fold,
+                route, config, validate)
+    return o.squeeze(1)
+
+
+def mamba2_replay_verify(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+                         x, dt, A, B, C, *, buffer_len, D=None, z=None, dt_bias=None,
+                         dt_softplus=True, out=None, checkpoint_fold=None, route="auto",
+                         config=None, validate=False):
+    """Chain verification of T draft tokens per row, output-only.
+
+    Same tensors as :func:`mamba2_replay_decode` with a window dim:
+    x [b, T, H, P], dt [b, T, H] (or [b, T, H, P] stride 0), B/C [b, T, G, N],
+    z/out [b, T, H, P]. The T tokens are appended to the ring after the row's
+    committed history and all T outputs come from one checkpoint read; the
+    checkpoint is written only when the row's flush rule fires, and then only
+    with the committed history (drafts are never folded before acceptance).
+    Afterwards call ``cursors.commit(mode=MODE_VERIFY, accepted=...)``.
+    Needs ``T < buffer_len`` and ``capacity >= buffer_len - 1 + T``.
+    """
+    if x.dim() != 4:
+        raise ValueError(f"verify expects x [batch, T, H, P], got {tuple(x.shape)}")
+    dt = _per_head(dt, "dt", x.shape[2], batch_dims=2)
+    return _launch(MODE_VERIFY, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+                   x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, buffer_len, checkpoint_fold,
+                   route, config, validate)
+
+
+def mamba2_replay_flush(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids, A, *,
+                        buffer_len, checkpoint_fold=None, config=None, validate=False):
+    """Fold each row's buffered tokens into its checkpoint (rows with an empty
+    buffer are skipped). Same pool tensors as :func:`mamba2_replay_decode`.
+    Afterwards call ``cursors.commit(mode=MODE_FLUSH)`` once for all layers."""
+    _launch(MODE_FLUSH, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+            None, None, A, None, None, None, None, None, True, None, buffer_len,
+            checkpoint_fold, "output_only", config, validate)
