@@ -23,8 +23,9 @@ Two routes compute ``y_q`` (``tl.constexpr RECONSTRUCT``):
 
 The window's own inputs are read from the call's tensors, never back from the
 buffer, so no program reads an entry another program of the same launch
-writes. One program handles (row, head, BLOCK_P slice of headdim); all P
-slices of a head and all heads of a group share their B/C reads through L2.
+writes. One program handles BLOCK_R consecutive state rows (head, p) of one
+group of one batch row, so the group's B/C reads and B.C products are done
+once for all of its heads (BLOCK_R may also be a fraction of one head).
 
 The float64 oracles are in :mod:`sglang_replayssm.reference`.
 """
@@ -39,7 +40,7 @@ import triton.language as tl
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions, required_capacity
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush",
-           "ROUTES", "Mamba2ReplayConfig", "default_config"]
+           "ROUTES", "Mamba2ReplayConfig", "default_config", "default_route", "valid_block_rows"]
 
 ROUTES = ("output_only", "reconstruct")
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -53,12 +54,30 @@ def _softplus(x):
 
 
 @triton.jit
-def _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION: tl.constexpr):
-    """State after the positions selected by ``upto``: exp(total) h + sum_s
-    exp(total - cum_s) dt_s x_s B_s^T, where total = cum at the last one."""
-    w = tl.where(upto, tl.exp(tl.minimum(total - cum, 0.0)) * dt, 0.0)
-    return h * tl.exp(total) + tl.dot(tl.trans(xs * w[:, None]), Bs,
-                                      input_precision=DOT_PRECISION)
+def _fold(h, xs, Bs, dt, cum, offs_s, last, DOT_PRECISION: tl.constexpr):
+    """State after logical positions 0..last (per row, none if last < 0):
+    exp(cum_last) h + sum_{s<=last} exp(cum_last - cum_s) dt_s x_s B_s^T.
+    xs, dt, cum: [S, R]; Bs: [S, N]; h: [R, N]."""
+    total = tl.sum(tl.where(offs_s[:, None] == last, cum, 0.0), axis=0)      # [R]
+    w = tl.where((offs_s <= last)[:, None], tl.exp(tl.minimum(total[None, :] - cum, 0.0)) * dt, 0.0)
+    return h * tl.exp(total)[:, None] + tl.dot(tl.trans(xs * w), Bs,
+                                               input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _output(h, xs, Bs, dt, cum, C_q, cb, q, lo, base, offs_s,
+            RECONSTRUCT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Output rows [R] of the token at logical position q, from the state h
+    at position lo-1 (cum = base there) and the entries lo..q."""
+    cum_q = tl.sum(tl.where(offs_s[:, None] == q, cum, 0.0), axis=0)       # [R]
+    live = (offs_s >= lo) & (offs_s <= q)
+    w = tl.where(live[:, None], tl.exp(tl.minimum(cum_q[None, :] - cum, 0.0)) * dt, 0.0)
+    decay = tl.exp(cum_q - base)
+    if RECONSTRUCT:
+        h_q = h * decay[:, None] + tl.dot(tl.trans(xs * w), Bs, input_precision=DOT_PRECISION)
+        return tl.sum(h_q * C_q[None, :], axis=1)
+    else:
+        return decay * tl.sum(h * C_q[None, :], axis=1) + tl.sum(xs * w * cb[:, None], axis=0)
 
 
 @triton.jit
@@ -79,30 +98,39 @@ def _mamba2_replay_kernel(
     s_o_row, s_o_t, s_o_head,
     s_A, s_D, s_dtb,
     T: tl.constexpr, MODE: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
     RECONSTRUCT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    pid_p = tl.program_id(0)
-    head = tl.program_id(1)
-    row = tl.program_id(2)
+    # A program owns BLOCK_R consecutive state rows (head, p) of one group of
+    # one batch row: the group's B/C reads and B.C products are shared by all
+    # its heads, and every row's checkpoint slice is read exactly once.
+    pid_r = tl.program_id(0)
+    row = tl.program_id(1)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     if slot < 0:  # padded row: nothing read, nothing written
         return
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    head_r = rows // headdim
+    p_r = rows - head_r * headdim
+    group = (pid_r * BLOCK_R) // (heads_per_group * headdim)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_n = offs_n < dstate
+    m_rn = mask_n[None, :]
+
+    # the checkpoint read does not depend on the cursors: issue it first
+    ck_off = slot * s_ck_slot + head_r[:, None] * s_ck_head + p_r[:, None] * s_ck_p \
+        + offs_n[None, :]
+    if MODE != 2:
+        h = tl.load(ckpt_ptr + ck_off, mask=m_rn, other=0.0).to(tl.float32)
     fill = tl.load(fill_ptr + slot)
     origin = tl.load(origin_ptr + slot)
     if MODE == 2:
         if fill == 0:
             return
-    group = head // heads_per_group
-
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_p = offs_p < headdim
-    mask_n = offs_n < dstate
-    A = tl.load(A_ptr + head * s_A).to(tl.float32)
+    A_r = tl.load(A_ptr + head_r * s_A).to(tl.float32)
 
     # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window
     is_hist = offs_s < fill
@@ -111,143 +139,107 @@ def _mamba2_replay_kernel(
     win = tl.where(is_win, win, 0)
     ring = origin + offs_s
     ring = tl.where(ring >= capacity, ring - capacity, ring)
+    m_h = is_hist[:, None]
+    m_w = is_win[:, None]
 
-    dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring, mask=is_hist, other=0.0)
-    dt_w = tl.load(dt_ptr + row * s_dt_row + win * s_dt_t + head * s_dt_head,
-                   mask=is_win, other=0.0).to(tl.float32)
+    dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head_r[None, :] * s_db_head + ring[:, None],
+                   mask=m_h, other=0.0)
+    dt_w = tl.load(dt_ptr + row * s_dt_row + win[:, None] * s_dt_t + head_r[None, :] * s_dt_head,
+                   mask=m_w, other=0.0).to(tl.float32)
     if HAS_DT_BIAS:
-        dt_w += tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
+        dt_w += tl.load(dt_bias_ptr + head_r * s_dtb).to(tl.float32)[None, :]
     if DT_SOFTPLUS:
         dt_w = _softplus(dt_w)
-    dt = tl.where(is_hist, dt_h, tl.where(is_win, dt_w, 0.0))
-    cum = tl.cumsum(dt * A, axis=0)
+    dt = tl.where(m_h, dt_h, tl.where(m_w, dt_w, 0.0))                        # [S, R]
+    cum = tl.cumsum(dt * A_r[None, :], axis=0)
 
-    m_hp = is_hist[:, None] & mask_p[None, :]
-    m_wp = is_win[:, None] & mask_p[None, :]
-    x_w = tl.load(x_ptr + row * s_x_row + win[:, None] * s_x_t + head * s_x_head + offs_p[None, :],
-                  mask=m_wp, other=0.0)
+    x_w = tl.load(x_ptr + row * s_x_row + win[:, None] * s_x_t + head_r[None, :] * s_x_head
+                  + p_r[None, :], mask=m_w, other=0.0)
     xs = x_w.to(tl.float32) + tl.load(
-        xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos + offs_p[None, :],
-        mask=m_hp, other=0.0).to(tl.float32)
-    m_hn = is_hist[:, None] & mask_n[None, :]
-    m_wn = is_win[:, None] & mask_n[None, :]
-    B_w = tl.load(B_ptr + row * s_B_row + win[:, None] * s_B_t + group * s_B_group + offs_n[None, :],
-                  mask=m_wn, other=0.0)
+        xbuf_ptr + slot * s_xb_slot + head_r[None, :] * s_xb_head + ring[:, None] * s_xb_pos
+        + p_r[None, :], mask=m_h, other=0.0).to(tl.float32)                   # [S, R]
+    B_w = tl.load(B_ptr + row * s_B_row + win[:, None] * s_B_t + group * s_B_group
+                  + offs_n[None, :], mask=m_w & m_rn, other=0.0)
     Bs = B_w.to(tl.float32) + tl.load(
-        bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos + offs_n[None, :],
-        mask=m_hn, other=0.0).to(tl.float32)
-
-    ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p + offs_n[None, :]
-    m_pn = mask_p[:, None] & mask_n[None, :]
-    if HAS_FOLD_COPY:
-        fold_src = fold_ptr
-    else:
-        fold_src = ckpt_ptr
+        bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
+        + offs_n[None, :], mask=m_h & m_rn, other=0.0).to(tl.float32)         # [S, N]
 
     if MODE == 0:
         # ---- decode: one token at position `fill`, always accepted ----
-        flush = fill + 1 >= buffer_len
         C_q = tl.load(C_ptr + row * s_C_row + group * s_C_group + offs_n,
                       mask=mask_n, other=0.0).to(tl.float32)
-        if flush:
-            # fold history + this token (the fold copy is the precise one)
-            h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-            upto = offs_s <= fill
-            total = tl.sum(tl.where(upto, dt * A, 0.0), axis=0)
-            h = _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION)
-            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
+        if fill + 1 >= buffer_len:
+            # flush: fold history + this token (from the precise copy if any)
             if HAS_FOLD_COPY:
-                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+                h = tl.load(fold_ptr + ck_off, mask=m_rn, other=0.0).to(tl.float32)
+            h = _fold(h, xs, Bs, dt, cum, offs_s, fill, DOT_PRECISION)
+            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rn)
+            if HAS_FOLD_COPY:
+                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_rn)
             y = tl.sum(h * C_q[None, :], axis=1)
         else:
-            h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-            cum_q = tl.sum(tl.where(offs_s == fill, cum, 0.0), axis=0)
-            live = offs_s <= fill
-            w = tl.where(live, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
-            if RECONSTRUCT:
-                h_q = h * tl.exp(cum_q) + tl.dot(tl.trans(xs * w[:, None]), Bs,
-                                                 input_precision=DOT_PRECISION)
-                y = tl.sum(h_q * C_q[None, :], axis=1)
-            else:
-                cb = tl.sum(Bs * C_q[None, :], axis=1)
-                y = tl.exp(cum_q) * tl.sum(h * C_q[None, :], axis=1) + \
-                    tl.sum(xs * (w * cb)[:, None], axis=0)
-        x_q = tl.load(x_ptr + row * s_x_row + head * s_x_head + offs_p,
-                      mask=mask_p, other=0.0).to(tl.float32)
+            cb = tl.sum(Bs * C_q[None, :], axis=1)
+            y = _output(h, xs, Bs, dt, cum, C_q, cb, fill, 0, 0.0, offs_s,
+                        RECONSTRUCT, DOT_PRECISION)
+        x_q = tl.load(x_ptr + row * s_x_row + head_r * s_x_head + p_r).to(tl.float32)
         if HAS_D:
-            y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
+            y += tl.load(D_ptr + head_r * s_D).to(tl.float32) * x_q
         if HAS_Z:
-            zq = tl.load(z_ptr + row * s_z_row + head * s_z_head + offs_p,
-                         mask=mask_p, other=0.0).to(tl.float32)
+            zq = tl.load(z_ptr + row * s_z_row + head_r * s_z_head + p_r).to(tl.float32)
             y = y * zq * tl.sigmoid(zq)
-        tl.store(out_ptr + row * s_o_row + head * s_o_head + offs_p,
-                 y.to(out_ptr.dtype.element_ty), mask=mask_p)
+        tl.store(out_ptr + row * s_o_row + head_r * s_o_head + p_r, y.to(out_ptr.dtype.element_ty))
         # a flushing row folded its token: it does not enter the buffer
         write = is_win & (fill + 1 < buffer_len)
-    else:
-        total = tl.sum(tl.where(is_hist, dt * A, 0.0), axis=0)
-        if MODE == 1:
-            # ---- verify: T drafts, output-only, the window is never folded ----
-            flush = fill + T >= buffer_len
-            if flush:
-                h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-                h = _fold(h, xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
-                tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
-                if HAS_FOLD_COPY:
-                    tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
-                lo = fill
-                base = total
-            else:
-                h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-                lo = fill * 0
-                base = total * 0.0
-            for j in tl.static_range(T):
-                q = fill + j
-                C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
-                              mask=mask_n, other=0.0).to(tl.float32)
-                cum_q = tl.sum(tl.where(offs_s == q, cum, 0.0), axis=0)
-                live = (offs_s >= lo) & (offs_s <= q)
-                w = tl.where(live, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
-                decay = tl.exp(cum_q - base)
-                if RECONSTRUCT:
-                    h_q = h * decay + tl.dot(tl.trans(xs * w[:, None]), Bs,
-                                             input_precision=DOT_PRECISION)
-                    y = tl.sum(h_q * C_q[None, :], axis=1)
-                else:
-                    cb = tl.sum(Bs * C_q[None, :], axis=1)
-                    y = decay * tl.sum(h * C_q[None, :], axis=1) + \
-                        tl.sum(xs * (w * cb)[:, None], axis=0)
-                x_q = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
-                              mask=mask_p, other=0.0).to(tl.float32)
-                if HAS_D:
-                    y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
-                if HAS_Z:
-                    zq = tl.load(z_ptr + row * s_z_row + j * s_z_t + head * s_z_head + offs_p,
-                                 mask=mask_p, other=0.0).to(tl.float32)
-                    y = y * zq * tl.sigmoid(zq)
-                tl.store(out_ptr + row * s_o_row + j * s_o_t + head * s_o_head + offs_p,
-                         y.to(out_ptr.dtype.element_ty), mask=mask_p)
-            write = is_win
-        else:
-            # ---- flush only: fold the whole buffer ----
-            h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-            h = _fold(h, xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
-            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
+    elif MODE == 1:
+        # ---- verify: T drafts, output-only; the window is never folded ----
+        if fill + T >= buffer_len:
+            # flush the committed history first (drafts are not folded)
             if HAS_FOLD_COPY:
-                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+                h = tl.load(fold_ptr + ck_off, mask=m_rn, other=0.0).to(tl.float32)
+            h = _fold(h, xs, Bs, dt, cum, offs_s, fill - 1, DOT_PRECISION)
+            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rn)
+            if HAS_FOLD_COPY:
+                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_rn)
+            lo = fill
+        else:
+            lo = fill * 0
+        # cumulative log-decay at the new checkpoint (0 if nothing was folded)
+        base = tl.sum(tl.where(offs_s[:, None] == lo - 1, cum, 0.0), axis=0)
+        for j in tl.static_range(T):
+            C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
+                          mask=mask_n, other=0.0).to(tl.float32)
+            cb = tl.sum(Bs * C_q[None, :], axis=1)
+            y = _output(h, xs, Bs, dt, cum, C_q, cb, fill + j, lo, base, offs_s,
+                        RECONSTRUCT, DOT_PRECISION)
+            x_q = tl.load(x_ptr + row * s_x_row + j * s_x_t + head_r * s_x_head + p_r).to(tl.float32)
+            if HAS_D:
+                y += tl.load(D_ptr + head_r * s_D).to(tl.float32) * x_q
+            if HAS_Z:
+                zq = tl.load(z_ptr + row * s_z_row + j * s_z_t + head_r * s_z_head + p_r).to(tl.float32)
+                y = y * zq * tl.sigmoid(zq)
+            tl.store(out_ptr + row * s_o_row + j * s_o_t + head_r * s_o_head + p_r,
+                     y.to(out_ptr.dtype.element_ty))
+        write = is_win
+    else:
+        # ---- flush only: fold the whole buffer ----
+        h = tl.load(fold_ptr + ck_off, mask=m_rn, other=0.0).to(tl.float32)
+        h = _fold(h, xs, Bs, dt, cum, offs_s, fill - 1, DOT_PRECISION)
+        tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rn)
+        if HAS_FOLD_COPY:
+            tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_rn)
 
-    # append the window to the ring: x by every P slice, dt by the first P
-    # slice of each head, B by the first P slice of the group's first head
+    # append the window to the ring: x by every row, dt by each head's row
+    # p == 0, B by the program that holds the group's first row
     if T > 0:
-        tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
-                 + offs_p[None, :], x_w.to(xbuf_ptr.dtype.element_ty),
-                 mask=write[:, None] & mask_p[None, :])
-        if pid_p == 0:
-            tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring, dt, mask=write)
-            if head % heads_per_group == 0:
-                tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
-                         + offs_n[None, :], B_w.to(bbuf_ptr.dtype.element_ty),
-                         mask=write[:, None] & mask_n[None, :])
+        m_wr = write[:, None]
+        tl.store(xbuf_ptr + slot * s_xb_slot + head_r[None, :] * s_xb_head
+                 + ring[:, None] * s_xb_pos + p_r[None, :],
+                 x_w.to(xbuf_ptr.dtype.element_ty), mask=m_wr)
+        tl.store(dtbuf_ptr + slot * s_db_slot + head_r[None, :] * s_db_head + ring[:, None], dt,
+                 mask=m_wr & (p_r == 0)[None, :])
+        if (pid_r * BLOCK_R) % (heads_per_group * headdim) == 0:
+            tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
+                     + offs_n[None, :], B_w.to(bbuf_ptr.dtype.element_ty), mask=m_wr & m_rn)
 
 
 # --------------------------------------------------------------------------
@@ -257,20 +249,32 @@ def _mamba2_replay_kernel(
 class Mamba2ReplayConfig:
     """Launch configuration: headdim slice per program and warps."""
 
-    __slots__ = ("block_p", "num_warps")
+    __slots__ = ("block_r", "num_warps")
 
-    def __init__(self, block_p: int, num_warps: int):
-        self.block_p = block_p
+    def __init__(self, block_r: int, num_warps: int):
+        self.block_r = block_r
         self.num_warps = num_warps
 
     def __repr__(self):
-        return f"Mamba2ReplayConfig(block_p={self.block_p}, num_warps={self.num_warps})"
+        return f"Mamba2ReplayConfig(block_r={self.block_r}, num_warps={self.num_warps})"
 
 
-def default_config(headdim: int, dstate: int, state_dtype: torch.dtype) -> Mamba2ReplayConfig:
-    """Heuristic launch configuration (see scripts/bench_kernels.py --sweep)."""
-    block_p = min(32, triton.next_power_of_2(headdim))
-    return Mamba2ReplayConfig(block_p=max(16, block_p), num_warps=4)
+def valid_block_rows(heads_per_group: int, headdim: int, limit: int = 1024) -> list[int]:
+    """Row-tile sizes a program may own: powers of two >= 16 (tl.dot) that
+    divide the group's rows, so a tile never straddles two groups."""
+    rows = heads_per_group * headdim
+    return [r for r in (16, 32, 64, 128, 256, 512, 1024) if r <= limit and rows % r == 0]
+
+
+def default_config(heads_per_group: int, headdim: int, dstate: int,
+                   state_dtype: torch.dtype) -> Mamba2ReplayConfig:
+    """Launch configuration (see scripts/bench_kernels.py --sweep)."""
+    valid = valid_block_rows(heads_per_group, headdim)
+    if not valid:
+        raise ValueError(f"heads_per_group * headdim = {heads_per_group * headdim} must be a "
+                         f"multiple of 16 for the Mamba-2 replay kernel")
+    block_r = max(r for r in valid if r <= 128) if valid[0] <= 128 else valid[0]
+    return Mamba2ReplayConfig(block_r=block_r, num_warps=4)
 
 
 def default_route(batch: int, state_dtype: torch.dtype) -> str:
@@ -391,7 +395,9 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     if batch == 0:
         return out
 
-    cfg = config or default_config(P, N, checkpoint.dtype)
+    cfg = config or default_config(H // G, P, N, checkpoint.dtype)
+    _check(cfg.block_r in valid_block_rows(H // G, P),
+           f"config block_r={cfg.block_r} must be one of {valid_block_rows(H // G, P)}")
     BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
     BLOCK_N = max(16, triton.next_power_of_2(N))
     dummy = dt_buffer
@@ -401,7 +407,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     Cw = C if C is not None else Bw
     zs = z if z is not None else xs
     outs = out if out is not None else xs
-    grid = (triton.cdiv(P, cfg.block_p), H, batch)
+    grid = (H * P // cfg.block_r, batch)
     _mamba2_replay_kernel[grid](
         checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
         x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
@@ -420,7 +426,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         outs.stride(0), outs.stride(1), outs.stride(2),
         A.stride(0), D.stride(0) if D is not None else 0,
         dt_bias.stride(0) if dt_bias is not None else 0,
-        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block_p, BLOCK_N=BLOCK_N,
+        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_R=cfg.block_r, BLOCK_N=BLOCK_N,
         RECONSTRUCT=(route == "reconstruct"), HAS_FOLD_COPY=checkpoint_fold is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=dt_softplus,

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU tier in one command, on the offline H200 host (torch 2.11, triton 3.6,
+# no sglang, no internet), from the repo root with the bundle carried in .whl517/:
+#   bash scripts/gpu/run_gpu_tier.sh [bench_kernels.py args...]
+# 1. unpacks the sglang 0.5.17 bundle (scripts/gpu/build_bundle.sh) and sets the
+#    offline environment (scripts/gpu/device_setup.sh);
+# 2. installs this package (editable, no deps, no index);
+# 3. runs `sglang-replayssm check` and the GPU-marked tests;
+# 4. runs the kernel benchmark: benchmarks/results/kernels_mamba2.{json,md,png}.
+# Logs and results are also copied to $OUT when it is set (the device tool).
+# env: SKIP_TESTS=1, SKIP_BENCH=1
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+OUT=${OUT:-$ROOT/gpu-results}; mkdir -p "$OUT"
+T0=$(date +%s)
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+. scripts/gpu/device_setup.sh .whl517 .model
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -3
+echo "[gpu] setup done at $(( $(date +%s) - T0 ))s"
+rc=0
+python3 -m sglang_replayssm check 2>&1 | tee "$OUT/check.log" || rc=1
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  echo "[gpu] tests done at $(( $(date +%s) - T0 ))s"
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  python3 scripts/bench_kernels.py "$@" 2>&1 | tee "$OUT/bench.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+  cp benchmarks/results/kernels_mamba2.* "$OUT/" 2>/dev/null
+fi
+echo "[gpu] done at $(( $(date +%s) - T0 ))s rc=$rc"
+exit $rc
