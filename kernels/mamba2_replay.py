@@ -23,9 +23,9 @@ Two routes compute ``y_q`` (``tl.constexpr RECONSTRUCT``):
 
 The window's own inputs are read from the call's tensors, never back from the
 buffer, so no program reads an entry another program of the same launch
-writes. One program handles BLOCK_R consecutive state rows (head, p) of one
-group of one batch row, so the group's B/C reads and B.C products are done
-once for all of its heads (BLOCK_R may also be a fraction of one head).
+writes. One program handles (row, head, BLOCK_P slice of headdim); it reads
+the slot's whole ring unconditionally and masks it in registers, so no load
+waits for the cursors (decode is latency-bound otherwise: measured).
 
 The float64 oracles are in :mod:`sglang_replayssm.reference`.
 """
@@ -37,10 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions, required_capacity
+from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, required_capacity
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush",
-           "ROUTES", "Mamba2ReplayConfig", "default_config", "default_route", "valid_block_rows"]
+           "ROUTES", "Mamba2ReplayConfig", "default_config", "default_route"]
 
 ROUTES = ("output_only", "reconstruct")
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -54,30 +54,33 @@ def _softplus(x):
 
 
 @triton.jit
-def _fold(h, xs, Bs, dt, cum, offs_s, last, DOT_PRECISION: tl.constexpr):
-    """State after logical positions 0..last (per row, none if last < 0):
-    exp(cum_last) h + sum_{s<=last} exp(cum_last - cum_s) dt_s x_s B_s^T.
-    xs, dt, cum: [S, R]; Bs: [S, N]; h: [R, N]."""
-    total = tl.sum(tl.where(offs_s[:, None] == last, cum, 0.0), axis=0)      # [R]
-    w = tl.where((offs_s <= last)[:, None], tl.exp(tl.minimum(total[None, :] - cum, 0.0)) * dt, 0.0)
-    return h * tl.exp(total)[:, None] + tl.dot(tl.trans(xs * w), Bs,
-                                               input_precision=DOT_PRECISION)
+def _output(h, xs, Bs, w, decay, C_q, RECONSTRUCT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Output [BLOCK_P] of one token from the state h (whose cumulative decay
+    to this token is ``decay``) and the weighted entries ``w`` [S] after it."""
+    if RECONSTRUCT:
+        h_q = h * decay + tl.dot(tl.trans(xs * w[:, None]), Bs, input_precision=DOT_PRECISION)
+        return tl.sum(h_q * C_q[None, :], axis=1)
+    else:
+        cb = tl.sum(Bs * C_q[None, :], axis=1)                                  # B_s . C_q
+        return decay * tl.sum(h * C_q[None, :], axis=1) + tl.sum(xs * (w * cb)[:, None], axis=0)
 
 
 @triton.jit
-def _output(h, xs, Bs, dt, cum, C_q, cb, q, lo, base, offs_s,
-            RECONSTRUCT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Output rows [R] of the token at logical position q, from the state h
-    at position lo-1 (cum = base there) and the entries lo..q."""
-    cum_q = tl.sum(tl.where(offs_s[:, None] == q, cum, 0.0), axis=0)       # [R]
-    live = (offs_s >= lo) & (offs_s <= q)
-    w = tl.where(live[:, None], tl.exp(tl.minimum(cum_q[None, :] - cum, 0.0)) * dt, 0.0)
-    decay = tl.exp(cum_q - base)
-    if RECONSTRUCT:
-        h_q = h * decay[:, None] + tl.dot(tl.trans(xs * w), Bs, input_precision=DOT_PRECISION)
-        return tl.sum(h_q * C_q[None, :], axis=1)
+def _fold(h, xs, Bs, w, decay, offs_s, BLOCK_S: tl.constexpr, FOLD_DOT: tl.constexpr,
+          DOT_PRECISION: tl.constexpr):
+    """decay * h + sum_s w_s x_s B_s^T, either as one tl.dot or as per-entry
+    rank-1 FMA updates (exact fp32 and fewer live registers; it runs once per
+    buffer cycle). Which is faster is a launch-config choice, by measurement."""
+    if FOLD_DOT:
+        return h * decay + tl.dot(tl.trans(xs * w[:, None]), Bs, input_precision=DOT_PRECISION)
     else:
-        return decay * tl.sum(h * C_q[None, :], axis=1) + tl.sum(xs * w * cb[:, None], axis=0)
+        h = h * decay
+        for i in tl.static_range(BLOCK_S):
+            sel = offs_s == i
+            x_i = tl.sum(tl.where(sel[:, None], xs, 0.0), axis=0) * tl.sum(tl.where(sel, w, 0.0))
+            B_i = tl.sum(tl.where(sel[:, None], Bs, 0.0), axis=0)
+            h += x_i[:, None] * B_i[None, :]
+        return h
 
 
 @triton.jit
@@ -98,148 +101,162 @@ def _mamba2_replay_kernel(
     s_o_row, s_o_t, s_o_head,
     s_A, s_D, s_dtb,
     T: tl.constexpr, MODE: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-    RECONSTRUCT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_D: tl.constexpr,
-    HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    RECONSTRUCT: tl.constexpr, FOLD_DOT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    # A program owns BLOCK_R consecutive state rows (head, p) of one group of
-    # one batch row: the group's B/C reads and B.C products are shared by all
-    # its heads, and every row's checkpoint slice is read exactly once.
-    pid_r = tl.program_id(0)
-    row = tl.program_id(1)
+    pid_p = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
     if slot < 0:  # padded row: nothing read, nothing written
         return
-    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    head_r = rows // headdim
-    p_r = rows - head_r * headdim
-    group = (pid_r * BLOCK_R) // (heads_per_group * headdim)
+    group = head // heads_per_group
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_s = tl.arange(0, BLOCK_S)
+    offs_s = tl.arange(0, BLOCK_S)      # physical ring index
+    mask_p = offs_p < headdim
     mask_n = offs_n < dstate
-    m_rn = mask_n[None, :]
+    in_ring = offs_s < capacity
+    m_pn = mask_p[:, None] & mask_n[None, :]
 
-    # the checkpoint read does not depend on the cursors: issue it first
-    ck_off = slot * s_ck_slot + head_r[:, None] * s_ck_head + p_r[:, None] * s_ck_p \
-        + offs_n[None, :]
+    # Every load below depends on the slot only, never on the cursors: the
+    # whole ring is read and masked in registers, so the checkpoint, ring and
+    # cursor reads are all in flight together (one memory latency per step).
+    ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p + offs_n[None, :]
     if MODE != 2:
-        h = tl.load(ckpt_ptr + ck_off, mask=m_rn, other=0.0).to(tl.float32)
+        h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
     fill = tl.load(fill_ptr + slot)
     origin = tl.load(origin_ptr + slot)
+    dt_r = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + offs_s, mask=in_ring, other=0.0)
+    x_r = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + offs_s[:, None] * s_xb_pos
+                  + offs_p[None, :], mask=in_ring[:, None] & mask_p[None, :], other=0.0)
+    B_r = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + offs_s[:, None] * s_bb_pos
+                  + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0)
+    A = tl.load(A_ptr + head * s_A).to(tl.float32)
     if MODE == 2:
         if fill == 0:
             return
-    A_r = tl.load(A_ptr + head_r * s_A).to(tl.float32)
 
-    # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window
-    is_hist = offs_s < fill
-    win = offs_s - fill
-    is_win = (win >= 0) & (win < T)
-    win = tl.where(is_win, win, 0)
-    ring = origin + offs_s
-    ring = tl.where(ring >= capacity, ring - capacity, ring)
-    m_h = is_hist[:, None]
-    m_w = is_win[:, None]
-
-    dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head_r[None, :] * s_db_head + ring[:, None],
-                   mask=m_h, other=0.0)
-    dt_w = tl.load(dt_ptr + row * s_dt_row + win[:, None] * s_dt_t + head_r[None, :] * s_dt_head,
-                   mask=m_w, other=0.0).to(tl.float32)
+    # logical position of each ring entry; history = [0, fill), window after it
+    lpos = offs_s - origin
+    lpos = tl.where(lpos < 0, lpos + capacity, lpos)
+    lpos = tl.where(in_ring, lpos, BLOCK_S + capacity)  # padding: never valid
+    hist = lpos < fill
+    # never multiply stale ring entries (they may hold NaN bits): select them away
+    dt = tl.where(hist, dt_r, 0.0)
+    xs = tl.where(hist[:, None], x_r.to(tl.float32), 0.0)
+    Bs = tl.where(hist[:, None], B_r.to(tl.float32), 0.0)
     if HAS_DT_BIAS:
-        dt_w += tl.load(dt_bias_ptr + head_r * s_dtb).to(tl.float32)[None, :]
-    if DT_SOFTPLUS:
-        dt_w = _softplus(dt_w)
-    dt = tl.where(m_h, dt_h, tl.where(m_w, dt_w, 0.0))                        # [S, R]
-    cum = tl.cumsum(dt * A_r[None, :], axis=0)
-
-    x_w = tl.load(x_ptr + row * s_x_row + win[:, None] * s_x_t + head_r[None, :] * s_x_head
-                  + p_r[None, :], mask=m_w, other=0.0)
-    xs = x_w.to(tl.float32) + tl.load(
-        xbuf_ptr + slot * s_xb_slot + head_r[None, :] * s_xb_head + ring[:, None] * s_xb_pos
-        + p_r[None, :], mask=m_h, other=0.0).to(tl.float32)                   # [S, R]
-    B_w = tl.load(B_ptr + row * s_B_row + win[:, None] * s_B_t + group * s_B_group
-                  + offs_n[None, :], mask=m_w & m_rn, other=0.0)
-    Bs = B_w.to(tl.float32) + tl.load(
-        bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
-        + offs_n[None, :], mask=m_h & m_rn, other=0.0).to(tl.float32)         # [S, N]
+        dt_bias = tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
+    for j in tl.static_range(T):
+        # the window's inputs come from this call, never read back from the ring
+        cur = lpos == fill + j
+        dt_j = tl.load(dt_ptr + row * s_dt_row + j * s_dt_t + head * s_dt_head).to(tl.float32)
+        if HAS_DT_BIAS:
+            dt_j += dt_bias
+        if DT_SOFTPLUS:
+            dt_j = _softplus(dt_j)
+        x_j = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
+                      mask=mask_p, other=0.0).to(tl.float32)
+        B_j = tl.load(B_ptr + row * s_B_row + j * s_B_t + group * s_B_group + offs_n,
+                      mask=mask_n, other=0.0).to(tl.float32)
+        dt = tl.where(cur, dt_j, dt)
+        xs = tl.where(cur[:, None], x_j[None, :], xs)
+        Bs = tl.where(cur[:, None], B_j[None, :], Bs)
+    # cum[s] = sum of A*dt over logical positions <= lpos[s] (ring order != logical order)
+    a = dt * A
+    cum = tl.sum(tl.where(lpos[None, :] <= lpos[:, None], a[None, :], 0.0), axis=1)
 
     if MODE == 0:
         # ---- decode: one token at position `fill`, always accepted ----
         C_q = tl.load(C_ptr + row * s_C_row + group * s_C_group + offs_n,
                       mask=mask_n, other=0.0).to(tl.float32)
+        cum_q = tl.sum(tl.where(lpos == fill, cum, 0.0), axis=0)
+        w = tl.where(lpos <= fill, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
         if fill + 1 >= buffer_len:
             # flush: fold history + this token (from the precise copy if any)
             if HAS_FOLD_COPY:
-                h = tl.load(fold_ptr + ck_off, mask=m_rn, other=0.0).to(tl.float32)
-            h = _fold(h, xs, Bs, dt, cum, offs_s, fill, DOT_PRECISION)
-            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rn)
+                h = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+            h = _fold(h, xs, Bs, w, tl.exp(cum_q), offs_s, BLOCK_S, FOLD_DOT, DOT_PRECISION)
+            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
             if HAS_FOLD_COPY:
-                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_rn)
+                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
             y = tl.sum(h * C_q[None, :], axis=1)
         else:
-            cb = tl.sum(Bs * C_q[None, :], axis=1)
-            y = _output(h, xs, Bs, dt, cum, C_q, cb, fill, 0, 0.0, offs_s,
-                        RECONSTRUCT, DOT_PRECISION)
-        x_q = tl.load(x_ptr + row * s_x_row + head_r * s_x_head + p_r).to(tl.float32)
+            y = _output(h, xs, Bs, w, tl.exp(cum_q), C_q, RECONSTRUCT, DOT_PRECISION)
+        x_q = tl.load(x_ptr + row * s_x_row + head * s_x_head + offs_p,
+                      mask=mask_p, other=0.0).to(tl.float32)
         if HAS_D:
-            y += tl.load(D_ptr + head_r * s_D).to(tl.float32) * x_q
+            y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
         if HAS_Z:
-            zq = tl.load(z_ptr + row * s_z_row + head_r * s_z_head + p_r).to(tl.float32)
+            zq = tl.load(z_ptr + row * s_z_row + head * s_z_head + offs_p,
+                         mask=mask_p, other=0.0).to(tl.float32)
             y = y * zq * tl.sigmoid(zq)
-        tl.store(out_ptr + row * s_o_row + head_r * s_o_head + p_r, y.to(out_ptr.dtype.element_ty))
-        # a flushing row folded its token: it does not enter the buffer
-        write = is_win & (fill + 1 < buffer_len)
+        tl.store(out_ptr + row * s_o_row + head * s_o_head + offs_p,
+                 y.to(out_ptr.dtype.element_ty), mask=mask_p)
+        # a flushing row folded its token: it does not enter the ring
+        n_write = tl.where(fill + 1 < buffer_len, 1, 0)
     elif MODE == 1:
-        # ---- verify: T drafts, output-only; the window is never folded ----
+        # ---- verify: T drafts, output-only; drafts are never folded ----
+        cum_h = tl.sum(tl.where(lpos == fill - 1, cum, 0.0), axis=0)  # 0 if fill == 0
         if fill + T >= buffer_len:
-            # flush the committed history first (drafts are not folded)
+            # flush the committed history first, then read the window from it
             if HAS_FOLD_COPY:
-                h = tl.load(fold_ptr + ck_off, mask=m_rn, other=0.0).to(tl.float32)
-            h = _fold(h, xs, Bs, dt, cum, offs_s, fill - 1, DOT_PRECISION)
-            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rn)
+                h = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+            w_h = tl.where(hist, tl.exp(tl.minimum(cum_h - cum, 0.0)) * dt, 0.0)
+            h = _fold(h, xs, Bs, w_h, tl.exp(cum_h), offs_s, BLOCK_S, FOLD_DOT, DOT_PRECISION)
+            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
             if HAS_FOLD_COPY:
-                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_rn)
+                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
             lo = fill
+            base = cum_h
         else:
             lo = fill * 0
-        # cumulative log-decay at the new checkpoint (0 if nothing was folded)
-        base = tl.sum(tl.where(offs_s[:, None] == lo - 1, cum, 0.0), axis=0)
+            base = cum_h * 0.0
         for j in tl.static_range(T):
+            q = fill + j
             C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
                           mask=mask_n, other=0.0).to(tl.float32)
-            cb = tl.sum(Bs * C_q[None, :], axis=1)
-            y = _output(h, xs, Bs, dt, cum, C_q, cb, fill + j, lo, base, offs_s,
-                        RECONSTRUCT, DOT_PRECISION)
-            x_q = tl.load(x_ptr + row * s_x_row + j * s_x_t + head_r * s_x_head + p_r).to(tl.float32)
+            cum_q = tl.sum(tl.where(lpos == q, cum, 0.0), axis=0)
+            w = tl.where((lpos >= lo) & (lpos <= q), tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
+            y = _output(h, xs, Bs, w, tl.exp(cum_q - base), C_q, RECONSTRUCT, DOT_PRECISION)
+            x_q = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
+                          mask=mask_p, other=0.0).to(tl.float32)
             if HAS_D:
-                y += tl.load(D_ptr + head_r * s_D).to(tl.float32) * x_q
+                y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
             if HAS_Z:
-                zq = tl.load(z_ptr + row * s_z_row + j * s_z_t + head_r * s_z_head + p_r).to(tl.float32)
+                zq = tl.load(z_ptr + row * s_z_row + j * s_z_t + head * s_z_head + offs_p,
+                             mask=mask_p, other=0.0).to(tl.float32)
                 y = y * zq * tl.sigmoid(zq)
-            tl.store(out_ptr + row * s_o_row + j * s_o_t + head_r * s_o_head + p_r,
-                     y.to(out_ptr.dtype.element_ty))
-        write = is_win
+            tl.store(out_ptr + row * s_o_row + j * s_o_t + head * s_o_head + offs_p,
+                     y.to(out_ptr.dtype.element_ty), mask=mask_p)
+        n_write = T
     else:
         # ---- flush only: fold the whole buffer ----
-        h = tl.load(fold_ptr + ck_off, mask=m_rn, other=0.0).to(tl.float32)
-        h = _fold(h, xs, Bs, dt, cum, offs_s, fill - 1, DOT_PRECISION)
-        tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rn)
+        h = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+        cum_h = tl.sum(tl.where(lpos == fill - 1, cum, 0.0), axis=0)
+        w_h = tl.where(hist, tl.exp(tl.minimum(cum_h - cum, 0.0)) * dt, 0.0)
+        h = _fold(h, xs, Bs, w_h, tl.exp(cum_h), offs_s, BLOCK_S, FOLD_DOT, DOT_PRECISION)
+        tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
         if HAS_FOLD_COPY:
-            tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_rn)
+            tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
 
-    # append the window to the ring: x by every row, dt by each head's row
-    # p == 0, B by the program that holds the group's first row
+    # append the window to the ring: x by every P slice, dt by the first P
+    # slice of each head, B by the first P slice of the group's first head.
+    # These slots hold no history, so no program of this launch reads them.
     if T > 0:
-        m_wr = write[:, None]
-        tl.store(xbuf_ptr + slot * s_xb_slot + head_r[None, :] * s_xb_head
-                 + ring[:, None] * s_xb_pos + p_r[None, :],
-                 x_w.to(xbuf_ptr.dtype.element_ty), mask=m_wr)
-        tl.store(dtbuf_ptr + slot * s_db_slot + head_r[None, :] * s_db_head + ring[:, None], dt,
-                 mask=m_wr & (p_r == 0)[None, :])
-        if (pid_r * BLOCK_R) % (heads_per_group * headdim) == 0:
-            tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
-                     + offs_n[None, :], B_w.to(bbuf_ptr.dtype.element_ty), mask=m_wr & m_rn)
+        write = (lpos >= fill) & (lpos < fill + n_write)
+        tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + offs_s[:, None] * s_xb_pos
+                 + offs_p[None, :], xs.to(xbuf_ptr.dtype.element_ty),
+                 mask=write[:, None] & mask_p[None, :])
+        if pid_p == 0:
+            tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + offs_s, dt, mask=write)
+            if head % heads_per_group == 0:
+                tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group
+                         + offs_s[:, None] * s_bb_pos + offs_n[None, :],
+                         Bs.to(bbuf_ptr.dtype.element_ty), mask=write[:, None] & mask_n[None, :])
 
 
 # --------------------------------------------------------------------------
@@ -247,34 +264,27 @@ def _mamba2_replay_kernel(
 # --------------------------------------------------------------------------
 
 class Mamba2ReplayConfig:
-    """Launch configuration: headdim slice per program and warps."""
+    """Launch configuration: headdim rows per program, warps, and how the
+    flush folds the buffer (``fold_dot``: one tl.dot, else rank-1 FMAs; the
+    reconstruct route always uses tl.dot)."""
 
-    __slots__ = ("block_r", "num_warps")
+    __slots__ = ("block_p", "num_warps", "fold_dot")
 
-    def __init__(self, block_r: int, num_warps: int):
-        self.block_r = block_r
+    def __init__(self, block_p: int, num_warps: int, fold_dot: bool = False):
+        self.block_p = block_p
         self.num_warps = num_warps
+        self.fold_dot = fold_dot
 
     def __repr__(self):
-        return f"Mamba2ReplayConfig(block_r={self.block_r}, num_warps={self.num_warps})"
+        return (f"Mamba2ReplayConfig(block_p={self.block_p}, num_warps={self.num_warps}, "
+                f"fold_dot={self.fold_dot})")
 
 
-def valid_block_rows(heads_per_group: int, headdim: int, limit: int = 1024) -> list[int]:
-    """Row-tile sizes a program may own: powers of two >= 16 (tl.dot) that
-    divide the group's rows, so a tile never straddles two groups."""
-    rows = heads_per_group * headdim
-    return [r for r in (16, 32, 64, 128, 256, 512, 1024) if r <= limit and rows % r == 0]
-
-
-def default_config(heads_per_group: int, headdim: int, dstate: int,
-                   state_dtype: torch.dtype) -> Mamba2ReplayConfig:
-    """Launch configuration (see scripts/bench_kernels.py --sweep)."""
-    valid = valid_block_rows(heads_per_group, headdim)
-    if not valid:
-        raise ValueError(f"heads_per_group * headdim = {heads_per_group * headdim} must be a "
-                         f"multiple of 16 for the Mamba-2 replay kernel")
-    block_r = max(r for r in valid if r <= 128) if valid[0] <= 128 else valid[0]
-    return Mamba2ReplayConfig(block_r=block_r, num_warps=4)
+def default_config(headdim: int, dstate: int, state_dtype: torch.dtype) -> Mamba2ReplayConfig:
+    """Launch configuration (see scripts/bench_kernels.py --sweep): a whole
+    head per program (up to 64 rows of headdim)."""
+    return Mamba2ReplayConfig(block_p=min(64, max(16, triton.next_power_of_2(headdim))),
+                              num_warps=4)
 
 
 def default_route(batch: int, state_dtype: torch.dtype) -> str:
@@ -395,10 +405,8 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     if batch == 0:
         return out
 
-    cfg = config or default_config(H // G, P, N, checkpoint.dtype)
-    _check(cfg.block_r in valid_block_rows(H // G, P),
-           f"config block_r={cfg.block_r} must be one of {valid_block_rows(H // G, P)}")
-    BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
+    cfg = config or default_config(P, N, checkpoint.dtype)
+    BLOCK_S = max(16, triton.next_power_of_2(cap))  # the whole ring
     BLOCK_N = max(16, triton.next_power_of_2(N))
     dummy = dt_buffer
     xs = x if x is not None else x_buffer.new_empty(batch, 1, H, P)
@@ -407,7 +415,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     Cw = C if C is not None else Bw
     zs = z if z is not None else xs
     outs = out if out is not None else xs
-    grid = (H * P // cfg.block_r, batch)
+    grid = (triton.cdiv(P, cfg.block_p), H, batch)
     _mamba2_replay_kernel[grid](
         checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
         x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
@@ -426,8 +434,9 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         outs.stride(0), outs.stride(1), outs.stride(2),
         A.stride(0), D.stride(0) if D is not None else 0,
         dt_bias.stride(0) if dt_bias is not None else 0,
-        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_R=cfg.block_r, BLOCK_N=BLOCK_N,
-        RECONSTRUCT=(route == "reconstruct"), HAS_FOLD_COPY=checkpoint_fold is not None,
+        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block_p, BLOCK_N=BLOCK_N,
+        RECONSTRUCT=(route == "reconstruct"),
+        FOLD_DOT=(route == "reconstruct" or cfg.fold_dot), HAS_FOLD_COPY=checkpoint_fold is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=dt_softplus,
         DOT_PRECISION="ieee" if _interpreting() else "tf32x3",
