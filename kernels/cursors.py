@@ -85,9 +85,12 @@ def commit_ref(fill, origin, slots, accepted, window, buffer_len, capacity, mode
     if mode == MODE_VERIFY:
         new_f = torch.where(flushed, a, f + a)
         new_o = torch.where(flushed, (o + f) % capacity, o)
-    else:
+    elif mode == MODE_DECODE:
         new_f = torch.where(flushed, torch.zeros_like(f), f + a)
         new_o = torch.where(flushed, torch.zeros_like(o), o)
+    else:  # flush: every live row ends empty, rows that were already empty too
+        new_f = torch.zeros_like(f)
+        new_o = torch.zeros_like(o)
     fill[s] = new_f
     origin[s] = new_o
 

@@ -23,9 +23,8 @@ Two routes compute ``y_q`` (``tl.constexpr RECONSTRUCT``):
 
 The window's own inputs are read from the call's tensors, never back from the
 buffer, so no program reads an entry another program of the same launch
-writes. One program handles (row, head, BLOCK_P slice of headdim); it reads
-the slot's whole ring unconditionally and masks it in registers, so no load
-waits for the cursors (decode is latency-bound otherwise: measured).
+writes. One program handles (row, head, BLOCK_P slice of headdim); all P
+slices of a head and all heads of a group share their B/C reads through L2.
 
 The float64 oracles are in :mod:`sglang_replayssm.reference`.
 """
@@ -37,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, required_capacity
+from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions, required_capacity
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush",
            "ROUTES", "Mamba2ReplayConfig", "default_config", "default_route"]
@@ -54,33 +53,12 @@ def _softplus(x):
 
 
 @triton.jit
-def _output(h, xs, Bs, w, decay, C_q, RECONSTRUCT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Output [BLOCK_P] of one token from the state h (whose cumulative decay
-    to this token is ``decay``) and the weighted entries ``w`` [S] after it."""
-    if RECONSTRUCT:
-        h_q = h * decay + tl.dot(tl.trans(xs * w[:, None]), Bs, input_precision=DOT_PRECISION)
-        return tl.sum(h_q * C_q[None, :], axis=1)
-    else:
-        cb = tl.sum(Bs * C_q[None, :], axis=1)                                  # B_s . C_q
-        return decay * tl.sum(h * C_q[None, :], axis=1) + tl.sum(xs * (w * cb)[:, None], axis=0)
-
-
-@triton.jit
-def _fold(h, xs, Bs, w, decay, offs_s, BLOCK_S: tl.constexpr, FOLD_DOT: tl.constexpr,
-          DOT_PRECISION: tl.constexpr):
-    """decay * h + sum_s w_s x_s B_s^T, either as one tl.dot or as per-entry
-    rank-1 FMA updates (exact fp32 and fewer live registers; it runs once per
-    buffer cycle). Which is faster is a launch-config choice, by measurement."""
-    if FOLD_DOT:
-        return h * decay + tl.dot(tl.trans(xs * w[:, None]), Bs, input_precision=DOT_PRECISION)
-    else:
-        h = h * decay
-        for i in tl.static_range(BLOCK_S):
-            sel = offs_s == i
-            x_i = tl.sum(tl.where(sel[:, None], xs, 0.0), axis=0) * tl.sum(tl.where(sel, w, 0.0))
-            B_i = tl.sum(tl.where(sel[:, None], Bs, 0.0), axis=0)
-            h += x_i[:, None] * B_i[None, :]
-        return h
+def _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION: tl.constexpr):
+    """State after the positions selected by ``upto``: exp(total) h + sum_s
+    exp(total - cum_s) dt_s x_s B_s^T, where total = cum at the last one."""
+    w = tl.where(upto, tl.exp(tl.minimum(total - cum, 0.0)) * dt, 0.0)
+    return h * tl.exp(total) + tl.dot(tl.trans(xs * w[:, None]), Bs,
+                                      input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -102,9 +80,9 @@ def _mamba2_replay_kernel(
     s_A, s_D, s_dtb,
     T: tl.constexpr, MODE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    RECONSTRUCT: tl.constexpr, FOLD_DOT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr,
-    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    RECONSTRUCT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
@@ -112,80 +90,88 @@ def _mamba2_replay_kernel(
     slot = tl.load(slot_ptr + row).to(tl.int64)
     if slot < 0:  # padded row: nothing read, nothing written
         return
-    group = head // heads_per_group
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_s = tl.arange(0, BLOCK_S)      # physical ring index
-    mask_p = offs_p < headdim
-    mask_n = offs_n < dstate
-    in_ring = offs_s < capacity
-    m_pn = mask_p[:, None] & mask_n[None, :]
-
-    # Every load below depends on the slot only, never on the cursors: the
-    # whole ring is read and masked in registers, so the checkpoint, ring and
-    # cursor reads are all in flight together (one memory latency per step).
-    ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p + offs_n[None, :]
-    if MODE != 2:
-        h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
     fill = tl.load(fill_ptr + slot)
     origin = tl.load(origin_ptr + slot)
-    dt_r = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + offs_s, mask=in_ring, other=0.0)
-    x_r = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + offs_s[:, None] * s_xb_pos
-                  + offs_p[None, :], mask=in_ring[:, None] & mask_p[None, :], other=0.0)
-    B_r = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + offs_s[:, None] * s_bb_pos
-                  + offs_n[None, :], mask=in_ring[:, None] & mask_n[None, :], other=0.0)
-    A = tl.load(A_ptr + head * s_A).to(tl.float32)
     if MODE == 2:
         if fill == 0:
             return
+    group = head // heads_per_group
 
-    # logical position of each ring entry; history = [0, fill), window after it
-    lpos = offs_s - origin
-    lpos = tl.where(lpos < 0, lpos + capacity, lpos)
-    lpos = tl.where(in_ring, lpos, BLOCK_S + capacity)  # padding: never valid
-    hist = lpos < fill
-    # never multiply stale ring entries (they may hold NaN bits): select them away
-    dt = tl.where(hist, dt_r, 0.0)
-    xs = tl.where(hist[:, None], x_r.to(tl.float32), 0.0)
-    Bs = tl.where(hist[:, None], B_r.to(tl.float32), 0.0)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_p = offs_p < headdim
+    mask_n = offs_n < dstate
+    A = tl.load(A_ptr + head * s_A).to(tl.float32)
+
+    # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window
+    is_hist = offs_s < fill
+    win = offs_s - fill
+    is_win = (win >= 0) & (win < T)
+    win = tl.where(is_win, win, 0)
+    ring = origin + offs_s
+    ring = tl.where(ring >= capacity, ring - capacity, ring)
+
+    dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring, mask=is_hist, other=0.0)
+    dt_w = tl.load(dt_ptr + row * s_dt_row + win * s_dt_t + head * s_dt_head,
+                   mask=is_win, other=0.0).to(tl.float32)
     if HAS_DT_BIAS:
-        dt_bias = tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
-    for j in tl.static_range(T):
-        # the window's inputs come from this call, never read back from the ring
-        cur = lpos == fill + j
-        dt_j = tl.load(dt_ptr + row * s_dt_row + j * s_dt_t + head * s_dt_head).to(tl.float32)
-        if HAS_DT_BIAS:
-            dt_j += dt_bias
-        if DT_SOFTPLUS:
-            dt_j = _softplus(dt_j)
-        x_j = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
-                      mask=mask_p, other=0.0).to(tl.float32)
-        B_j = tl.load(B_ptr + row * s_B_row + j * s_B_t + group * s_B_group + offs_n,
-                      mask=mask_n, other=0.0).to(tl.float32)
-        dt = tl.where(cur, dt_j, dt)
-        xs = tl.where(cur[:, None], x_j[None, :], xs)
-        Bs = tl.where(cur[:, None], B_j[None, :], Bs)
-    # cum[s] = sum of A*dt over logical positions <= lpos[s] (ring order != logical order)
-    a = dt * A
-    cum = tl.sum(tl.where(lpos[None, :] <= lpos[:, None], a[None, :], 0.0), axis=1)
+        dt_w += tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
+    if DT_SOFTPLUS:
+        dt_w = _softplus(dt_w)
+    dt = tl.where(is_hist, dt_h, tl.where(is_win, dt_w, 0.0))
+    cum = tl.cumsum(dt * A, axis=0)
+
+    m_hp = is_hist[:, None] & mask_p[None, :]
+    m_wp = is_win[:, None] & mask_p[None, :]
+    x_w = tl.load(x_ptr + row * s_x_row + win[:, None] * s_x_t + head * s_x_head + offs_p[None, :],
+                  mask=m_wp, other=0.0)
+    xs = x_w.to(tl.float32) + tl.load(
+        xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos + offs_p[None, :],
+        mask=m_hp, other=0.0).to(tl.float32)
+    m_hn = is_hist[:, None] & mask_n[None, :]
+    m_wn = is_win[:, None] & mask_n[None, :]
+    B_w = tl.load(B_ptr + row * s_B_row + win[:, None] * s_B_t + group * s_B_group + offs_n[None, :],
+                  mask=m_wn, other=0.0)
+    Bs = B_w.to(tl.float32) + tl.load(
+        bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos + offs_n[None, :],
+        mask=m_hn, other=0.0).to(tl.float32)
+
+    ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p + offs_n[None, :]
+    m_pn = mask_p[:, None] & mask_n[None, :]
+    if HAS_FOLD_COPY:
+        fold_src = fold_ptr
+    else:
+        fold_src = ckpt_ptr
 
     if MODE == 0:
         # ---- decode: one token at position `fill`, always accepted ----
+        flush = fill + 1 >= buffer_len
         C_q = tl.load(C_ptr + row * s_C_row + group * s_C_group + offs_n,
                       mask=mask_n, other=0.0).to(tl.float32)
-        cum_q = tl.sum(tl.where(lpos == fill, cum, 0.0), axis=0)
-        w = tl.where(lpos <= fill, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
-        if fill + 1 >= buffer_len:
-            # flush: fold history + this token (from the precise copy if any)
-            if HAS_FOLD_COPY:
-                h = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-            h = _fold(h, xs, Bs, w, tl.exp(cum_q), offs_s, BLOCK_S, FOLD_DOT, DOT_PRECISION)
+        if flush:
+            # fold history + this token (the fold copy is the precise one)
+            h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+            upto = offs_s <= fill
+            total = tl.sum(tl.where(upto, dt * A, 0.0), axis=0)
+            h = _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION)
             tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
             if HAS_FOLD_COPY:
                 tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
             y = tl.sum(h * C_q[None, :], axis=1)
         else:
-            y = _output(h, xs, Bs, w, tl.exp(cum_q), C_q, RECONSTRUCT, DOT_PRECISION)
+            h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+            cum_q = tl.sum(tl.where(offs_s == fill, cum, 0.0), axis=0)
+            live = offs_s <= fill
+            w = tl.where(live, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
+            if RECONSTRUCT:
+                h_q = h * tl.exp(cum_q) + tl.dot(tl.trans(xs * w[:, None]), Bs,
+                                                 input_precision=DOT_PRECISION)
+                y = tl.sum(h_q * C_q[None, :], axis=1)
+            else:
+                cb = tl.sum(Bs * C_q[None, :], axis=1)
+                y = tl.exp(cum_q) * tl.sum(h * C_q[None, :], axis=1) + \
+                    tl.sum(xs * (w * cb)[:, None], axis=0)
         x_q = tl.load(x_ptr + row * s_x_row + head * s_x_head + offs_p,
                       mask=mask_p, other=0.0).to(tl.float32)
         if HAS_D:
@@ -196,67 +182,72 @@ def _mamba2_replay_kernel(
             y = y * zq * tl.sigmoid(zq)
         tl.store(out_ptr + row * s_o_row + head * s_o_head + offs_p,
                  y.to(out_ptr.dtype.element_ty), mask=mask_p)
-        # a flushing row folded its token: it does not enter the ring
-        n_write = tl.where(fill + 1 < buffer_len, 1, 0)
-    elif MODE == 1:
-        # ---- verify: T drafts, output-only; drafts are never folded ----
-        cum_h = tl.sum(tl.where(lpos == fill - 1, cum, 0.0), axis=0)  # 0 if fill == 0
-        if fill + T >= buffer_len:
-            # flush the committed history first, then read the window from it
-            if HAS_FOLD_COPY:
-                h = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-            w_h = tl.where(hist, tl.exp(tl.minimum(cum_h - cum, 0.0)) * dt, 0.0)
-            h = _fold(h, xs, Bs, w_h, tl.exp(cum_h), offs_s, BLOCK_S, FOLD_DOT, DOT_PRECISION)
+        # a flushing row folded its token: it does not enter the buffer
+        write = is_win & (fill + 1 < buffer_len)
+    else:
+        total = tl.sum(tl.where(is_hist, dt * A, 0.0), axis=0)
+        if MODE == 1:
+            # ---- verify: T drafts, output-only, the window is never folded ----
+            flush = fill + T >= buffer_len
+            if flush:
+                h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+                h = _fold(h, xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
+                tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
+                if HAS_FOLD_COPY:
+                    tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+                lo = fill
+                base = total
+            else:
+                h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+                lo = fill * 0
+                base = total * 0.0
+            for j in tl.static_range(T):
+                q = fill + j
+                C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
+                              mask=mask_n, other=0.0).to(tl.float32)
+                cum_q = tl.sum(tl.where(offs_s == q, cum, 0.0), axis=0)
+                live = (offs_s >= lo) & (offs_s <= q)
+                w = tl.where(live, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
+                decay = tl.exp(cum_q - base)
+                if RECONSTRUCT:
+                    h_q = h * decay + tl.dot(tl.trans(xs * w[:, None]), Bs,
+                                             input_precision=DOT_PRECISION)
+                    y = tl.sum(h_q * C_q[None, :], axis=1)
+                else:
+                    cb = tl.sum(Bs * C_q[None, :], axis=1)
+                    y = decay * tl.sum(h * C_q[None, :], axis=1) + \
+                        tl.sum(xs * (w * cb)[:, None], axis=0)
+                x_q = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
+                              mask=mask_p, other=0.0).to(tl.float32)
+                if HAS_D:
+                    y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
+                if HAS_Z:
+                    zq = tl.load(z_ptr + row * s_z_row + j * s_z_t + head * s_z_head + offs_p,
+                                 mask=mask_p, other=0.0).to(tl.float32)
+                    y = y * zq * tl.sigmoid(zq)
+                tl.store(out_ptr + row * s_o_row + j * s_o_t + head * s_o_head + offs_p,
+                         y.to(out_ptr.dtype.element_ty), mask=mask_p)
+            write = is_win
+        else:
+            # ---- flush only: fold the whole buffer ----
+            h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+            h = _fold(h, xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
             tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
             if HAS_FOLD_COPY:
                 tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
-            lo = fill
-            base = cum_h
-        else:
-            lo = fill * 0
-            base = cum_h * 0.0
-        for j in tl.static_range(T):
-            q = fill + j
-            C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
-                          mask=mask_n, other=0.0).to(tl.float32)
-            cum_q = tl.sum(tl.where(lpos == q, cum, 0.0), axis=0)
-            w = tl.where((lpos >= lo) & (lpos <= q), tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
-            y = _output(h, xs, Bs, w, tl.exp(cum_q - base), C_q, RECONSTRUCT, DOT_PRECISION)
-            x_q = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
-                          mask=mask_p, other=0.0).to(tl.float32)
-            if HAS_D:
-                y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
-            if HAS_Z:
-                zq = tl.load(z_ptr + row * s_z_row + j * s_z_t + head * s_z_head + offs_p,
-                             mask=mask_p, other=0.0).to(tl.float32)
-                y = y * zq * tl.sigmoid(zq)
-            tl.store(out_ptr + row * s_o_row + j * s_o_t + head * s_o_head + offs_p,
-                     y.to(out_ptr.dtype.element_ty), mask=mask_p)
-        n_write = T
-    else:
-        # ---- flush only: fold the whole buffer ----
-        h = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-        cum_h = tl.sum(tl.where(lpos == fill - 1, cum, 0.0), axis=0)
-        w_h = tl.where(hist, tl.exp(tl.minimum(cum_h - cum, 0.0)) * dt, 0.0)
-        h = _fold(h, xs, Bs, w_h, tl.exp(cum_h), offs_s, BLOCK_S, FOLD_DOT, DOT_PRECISION)
-        tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
-        if HAS_FOLD_COPY:
-            tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
 
     # append the window to the ring: x by every P slice, dt by the first P
-    # slice of each head, B by the first P slice of the group's first head.
-    # These slots hold no history, so no program of this launch reads them.
+    # slice of each head, B by the first P slice of the group's first head
     if T > 0:
-        write = (lpos >= fill) & (lpos < fill + n_write)
-        tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + offs_s[:, None] * s_xb_pos
-                 + offs_p[None, :], xs.to(xbuf_ptr.dtype.element_ty),
+        tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
+                 + offs_p[None, :], x_w.to(xbuf_ptr.dtype.element_ty),
                  mask=write[:, None] & mask_p[None, :])
         if pid_p == 0:
-            tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + offs_s, dt, mask=write)
+            tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring, dt, mask=write)
             if head % heads_per_group == 0:
-                tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group
-                         + offs_s[:, None] * s_bb_pos + offs_n[None, :],
-                         Bs.to(bbuf_ptr.dtype.element_ty), mask=write[:, None] & mask_n[None, :])
+                tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
+                         + offs_n[None, :], B_w.to(bbuf_ptr.dtype.element_ty),
+                         mask=write[:, None] & mask_n[None, :])
 
 
 # --------------------------------------------------------------------------
@@ -264,27 +255,28 @@ def _mamba2_replay_kernel(
 # --------------------------------------------------------------------------
 
 class Mamba2ReplayConfig:
-    """Launch configuration: headdim rows per program, warps, and how the
-    flush folds the buffer (``fold_dot``: one tl.dot, else rank-1 FMAs; the
-    reconstruct route always uses tl.dot)."""
+    """Launch configuration: headdim rows per program and warps."""
 
-    __slots__ = ("block_p", "num_warps", "fold_dot")
+    __slots__ = ("block_p", "num_warps")
 
-    def __init__(self, block_p: int, num_warps: int, fold_dot: bool = False):
+    def __init__(self, block_p: int, num_warps: int):
         self.block_p = block_p
         self.num_warps = num_warps
-        self.fold_dot = fold_dot
 
     def __repr__(self):
-        return (f"Mamba2ReplayConfig(block_p={self.block_p}, num_warps={self.num_warps}, "
-                f"fold_dot={self.fold_dot})")
+        return f"Mamba2ReplayConfig(block_p={self.block_p}, num_warps={self.num_warps})"
 
 
-def default_config(headdim: int, dstate: int, state_dtype: torch.dtype) -> Mamba2ReplayConfig:
-    """Launch configuration (see scripts/bench_kernels.py --sweep): a whole
-    head per program (up to 64 rows of headdim)."""
-    return Mamba2ReplayConfig(block_p=min(64, max(16, triton.next_power_of_2(headdim))),
-                              num_warps=4)
+def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
+                   batch: int = 256) -> Mamba2ReplayConfig:
+    """Launch configuration, from the H200 sweeps in benchmarks/results/
+    (kernels_mamba2*.json): at serving batch sizes a whole head per program
+    with 2 warps (more programs resident per SM); small batches need more,
+    smaller programs to fill the GPU."""
+    if batch >= 32:
+        return Mamba2ReplayConfig(block_p=min(64, max(16, triton.next_power_of_2(headdim))),
+                                  num_warps=2)
+    return Mamba2ReplayConfig(block_p=32 if headdim > 16 else 16, num_warps=4)
 
 
 def default_route(batch: int, state_dtype: torch.dtype) -> str:
@@ -405,8 +397,8 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     if batch == 0:
         return out
 
-    cfg = config or default_config(P, N, checkpoint.dtype)
-    BLOCK_S = max(16, triton.next_power_of_2(cap))  # the whole ring
+    cfg = config or default_config(P, N, checkpoint.dtype, batch)
+    BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
     BLOCK_N = max(16, triton.next_power_of_2(N))
     dummy = dt_buffer
     xs = x if x is not None else x_buffer.new_empty(batch, 1, H, P)
@@ -435,8 +427,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         A.stride(0), D.stride(0) if D is not None else 0,
         dt_bias.stride(0) if dt_bias is not None else 0,
         T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block_p, BLOCK_N=BLOCK_N,
-        RECONSTRUCT=(route == "reconstruct"),
-        FOLD_DOT=(route == "reconstruct" or cfg.fold_dot), HAS_FOLD_COPY=checkpoint_fold is not None,
+        RECONSTRUCT=(route == "reconstruct"), HAS_FOLD_COPY=checkpoint_fold is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=dt_softplus,
         DOT_PRECISION="ieee" if _interpreting() else "tf32x3",
