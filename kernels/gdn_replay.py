@@ -1,0 +1,386 @@
+"""Gated DeltaNet ReplaySSM kernels: decode, chain verify and flush in one Triton kernel.
+
+Per request slot and layer the pool holds a checkpoint ``h_c`` in SGLang's
+layout [HV, V, K] (the transposed state: ``h_c[v, :] . k`` is a V-row times
+a key) and an input buffer (a ring of ``capacity`` entries) of what the
+recurrence needs since the checkpoint: the L2-normalised keys ``k``
+[H, cap, K], the *corrected values* ``u`` [HV, cap, V] and the log decays
+``g`` [HV, cap] (float32). Cursors and the flush rule are those of
+:mod:`sglang_replayssm.kernels.cursors`, shared with the Mamba-2 kernels.
+
+The recurrence (SGLang's packed decode: h <- exp(g) h; v' = beta (v - h k);
+h <- h + v' k^T; o = h q) is rewritten with u_t = v'_t as
+
+    h_t = exp(g_t) h_{t-1} + u_t k_t^T,    cum_t = sum_{r<=t} g_r,
+    u_t = beta_t (v_t - exp(cum_t) h_c k_t - sum_{s<t} exp(cum_t - cum_s) (k_s . k_t) u_s)
+    o_t = exp(cum_t) h_c q_t + sum_{s<=t} exp(cum_t - cum_s) (k_s . q_t) u_s
+
+so a step reads the checkpoint once (two reductions over K: ``h_c k`` and
+``h_c q``) and writes nothing but its ring entry; a flush folds
+``h_c <- exp(cum_n) h_c + sum_s exp(cum_n - cum_s) u_s k_s^T`` (tl.dot).
+``u_s`` is exact for the checkpoint it was computed from, which is the one
+folded, so a single-precision checkpoint accumulates no extra error.
+
+Inputs are read as SGLang's GDN decode passes them: the post-conv packed row
+``mixed_qkv`` = [q (H*K) | k (H*K) | v (HV*V)], gates ``a``/``b`` [.., HV],
+``A_log``/``dt_bias`` [HV]; q and k are L2-normalised in the kernel
+(x / sqrt(sum x^2 + 1e-6)), q is scaled, ``g = -exp(A_log) softplus(a +
+dt_bias)``, ``beta = sigmoid(b)`` rounded to b's dtype (as the stock kernel).
+V-head ``hv`` reads k-head ``hv // (HV // H)``.
+
+One program handles (row, v-head, BLOCK_V rows of V) with all of K. The float64
+oracles are in :mod:`sglang_replayssm.reference`.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions, required_capacity
+
+__all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "GDNReplayConfig",
+           "default_config"]
+
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _softplus(x):
+    return tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
+
+
+@triton.jit
+def _fold(h, us, ks, g_cum, offs_s, last, DOT_PRECISION: tl.constexpr):
+    """State after logical positions 0..last (none if last < 0):
+    exp(cum_last) h + sum_{s<=last} exp(cum_last - cum_s) u_s k_s^T.
+    us: [S, BV]; ks: [S, K]; g_cum: [S]; h: [BV, K]."""
+    total = tl.sum(tl.where(offs_s == last, g_cum, 0.0), axis=0)
+    w = tl.where(offs_s <= last, tl.exp(tl.minimum(total - g_cum, 0.0)), 0.0)
+    return h * tl.exp(total) + tl.dot(tl.trans(us * w[:, None]), ks,
+                                      input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _gdn_replay_kernel(
+    ckpt_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr,
+    fill_ptr, origin_ptr, slot_ptr,
+    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
+    H, HV, K, V, buffer_len, capacity,
+    s_ck_slot, s_ck_head, s_ck_v,
+    s_kb_slot, s_kb_head, s_kb_pos,
+    s_ub_slot, s_ub_head, s_ub_pos,
+    s_gb_slot, s_gb_head,
+    s_qkv_row, s_qkv_t, s_a_row, s_a_t, s_b_row, s_b_t,
+    s_o_row, s_o_t, s_o_head,
+    T: tl.constexpr, MODE: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    hv = tl.program_id(1)
+    row = tl.program_id(2)
+    hk = hv // (HV // H)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_v = offs_v < V
+    mask_k = offs_k < K
+    m_vk = mask_v[:, None] & mask_k[None, :]
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    if slot < 0:  # padded row: output zeros (as the stock kernel), pool untouched
+        if MODE != 2:
+            for j in tl.static_range(T):
+                tl.store(out_ptr + row * s_o_row + j * s_o_t + hv * s_o_head + offs_v,
+                         tl.zeros([BLOCK_V], dtype=tl.float32).to(out_ptr.dtype.element_ty),
+                         mask=mask_v)
+        return
+    ck_off = slot * s_ck_slot + hv * s_ck_head + offs_v[:, None] * s_ck_v + offs_k[None, :]
+    h = tl.load(ckpt_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)      # [BV, K]
+    fill = tl.load(fill_ptr + slot)
+    origin = tl.load(origin_ptr + slot)
+    if MODE == 2:
+        if fill == 0:
+            return
+
+    # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window
+    is_hist = offs_s < fill
+    win = offs_s - fill
+    is_win = (win >= 0) & (win < T)
+    ring = origin + offs_s
+    ring = tl.where(ring >= capacity, ring - capacity, ring)
+    g_s = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist, other=0.0)
+    ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+                 + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :],
+                 other=0.0).to(tl.float32)                                   # [S, K]
+    us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
+                 + offs_v[None, :], mask=is_hist[:, None] & mask_v[None, :],
+                 other=0.0).to(tl.float32)                                   # [S, BV]
+
+    # window gates and keys (the window's u is computed below, token by token)
+    A_log = tl.load(A_log_ptr + hv).to(tl.float32)
+    dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
+    for j in tl.static_range(T):
+        a_j = tl.load(a_ptr + row * s_a_row + j * s_a_t + hv).to(tl.float32)
+        g_j = -tl.exp(A_log) * _softplus(a_j + dt_bias)
+        g_s = tl.where(offs_s == fill + j, g_j, g_s)
+        k_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + H * K + hk * K + offs_k,
+                      mask=mask_k, other=0.0).to(tl.float32)
+        if USE_QK_L2NORM:
+            k_j = k_j / tl.sqrt(tl.sum(k_j * k_j) + 1e-6)
+        ks = tl.where((offs_s == fill + j)[:, None], k_j[None, :], ks)
+    cum = tl.cumsum(g_s, axis=0)
+
+    if MODE == 2:
+        h = _fold(h, us, ks, cum, offs_s, fill - 1, DOT_PRECISION)
+        tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_vk)
+    else:
+        if MODE == 1:
+            # verify: flush the committed history first when the window would fill the buffer
+            if fill + T >= buffer_len:
+                h = _fold(h, us, ks, cum, offs_s, fill - 1, DOT_PRECISION)
+                tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_vk)
+                lo = fill
+            else:
+                lo = fill * 0
+        else:
+            lo = fill * 0
+        base = tl.sum(tl.where(offs_s == lo - 1, cum, 0.0), axis=0)  # cum at the checkpoint
+        for j in tl.static_range(T):
+            q_pos = fill + j
+            cum_q = tl.sum(tl.where(offs_s == q_pos, cum, 0.0), axis=0)
+            k_j = tl.sum(tl.where((offs_s == q_pos)[:, None], ks, 0.0), axis=0)   # [K]
+            q_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
+                          mask=mask_k, other=0.0).to(tl.float32)
+            if USE_QK_L2NORM:
+                q_j = q_j / tl.sqrt(tl.sum(q_j * q_j) + 1e-6)
+            q_j = q_j * scale
+            v_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + 2 * H * K + hv * V + offs_v,
+                          mask=mask_v, other=0.0).to(tl.float32)
+            b_j = tl.load(b_ptr + row * s_b_row + j * s_b_t + hv)
+            beta = tl.sigmoid(b_j.to(tl.float32)).to(b_j.dtype).to(tl.float32)
+            decay = tl.exp(cum_q - base)
+            w = tl.where((offs_s >= lo) & (offs_s < q_pos),
+                         tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)              # [S]
+            kk = tl.sum(ks * k_j[None, :], axis=1)                              # k_s . k_j
+            kq = tl.sum(ks * q_j[None, :], axis=1)                              # k_s . q_j
+            # u_j = beta (v_j - (decayed state before j) k_j)
+            hk_j = decay * tl.sum(h * k_j[None, :], axis=1) + tl.sum(us * (w * kk)[:, None], axis=0)
+            u_j = beta * (v_j - hk_j)
+            o_j = decay * tl.sum(h * q_j[None, :], axis=1) + tl.sum(us * (w * kq)[:, None], axis=0) \
+                + tl.sum(k_j * q_j) * u_j
+            us = tl.where((offs_s == q_pos)[:, None], u_j[None, :], us)
+            tl.store(out_ptr + row * s_o_row + j * s_o_t + hv * s_o_head + offs_v,
+                     o_j.to(out_ptr.dtype.element_ty), mask=mask_v)
+        if MODE == 0:
+            # decode: a full buffer folds history + this token at the end of the step
+            flush = fill + 1 >= buffer_len
+            if flush:
+                h = _fold(h, us, ks, cum, offs_s, fill, DOT_PRECISION)
+                tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_vk)
+            n_write = tl.where(flush, 0, 1)
+        else:
+            n_write = T
+        # append the window: u by every V slice, g by the first V slice of each
+        # v-head, k by the first V slice of the k-head's first v-head
+        write = is_win & (win < n_write)
+        tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
+                 + offs_v[None, :], us.to(ubuf_ptr.dtype.element_ty),
+                 mask=write[:, None] & mask_v[None, :])
+        if pid_v == 0:
+            tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, g_s, mask=write)
+            if hv % (HV // H) == 0:
+                tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+                         + offs_k[None, :], ks.to(kbuf_ptr.dtype.element_ty),
+                         mask=write[:, None] & mask_k[None, :])
+
+
+# --------------------------------------------------------------------------
+# launchers
+# --------------------------------------------------------------------------
+
+class GDNReplayConfig:
+    """Launch configuration: V rows per program and warps."""
+
+    __slots__ = ("block_v", "num_warps")
+
+    def __init__(self, block_v: int, num_warps: int):
+        self.block_v = block_v
+        self.num_warps = num_warps
+
+    def __repr__(self):
+        return f"GDNReplayConfig(block_v={self.block_v}, num_warps={self.num_warps})"
+
+
+def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
+                   batch: int = 256) -> GDNReplayConfig:
+    """Not yet tuned on a GPU: the Mamba-2 kernel's measured shape (a large
+    tile, 2 warps at serving batch) carried over."""
+    bv = min(64, max(16, triton.next_power_of_2(head_v_dim)))
+    return GDNReplayConfig(block_v=bv if batch >= 32 else min(bv, 32),
+                           num_warps=2 if batch >= 32 else 4)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _check(cond: bool, msg: str):
+    if not cond:
+        raise ValueError(msg)
+
+
+def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, mixed_qkv,
+            a, b, A_log, dt_bias, scale, out, buffer_len, num_k_heads, use_qk_l2norm, config,
+            validate):
+    num_slots, HV, V, K = checkpoint.shape
+    H = num_k_heads
+    cap = u_buffer.shape[2]
+    batch = slot_ids.shape[0]
+    T = 0 if mixed_qkv is None else mixed_qkv.shape[1]
+
+    _check(checkpoint.dtype in STATE_DTYPES,
+           f"checkpoint dtype {checkpoint.dtype} not supported (use one of {STATE_DTYPES})")
+    _check(checkpoint.stride(-1) == 1, "checkpoint must be contiguous in K (stride(-1) == 1)")
+    _check(H >= 1 and HV % H == 0, f"num_v_heads ({HV}) must be a multiple of num_k_heads ({H})")
+    _check(tuple(k_buffer.shape) == (num_slots, H, cap, K),
+           f"k_buffer must be [num_slots={num_slots}, H={H}, capacity, K={K}], got "
+           f"{tuple(k_buffer.shape)}")
+    _check(tuple(u_buffer.shape) == (num_slots, HV, cap, V),
+           f"u_buffer must be [num_slots={num_slots}, HV={HV}, capacity, V={V}], got "
+           f"{tuple(u_buffer.shape)}")
+    _check(tuple(g_buffer.shape) == (num_slots, HV, cap),
+           f"g_buffer must be [num_slots={num_slots}, HV={HV}, capacity={cap}], got "
+           f"{tuple(g_buffer.shape)}")
+    _check(g_buffer.dtype == torch.float32, f"g_buffer must be float32, got {g_buffer.dtype}")
+    _check(k_buffer.dtype in ACT_DTYPES and u_buffer.dtype in ACT_DTYPES,
+           f"k_buffer/u_buffer dtype must be one of {ACT_DTYPES}")
+    for name, t in (("k_buffer", k_buffer), ("u_buffer", u_buffer), ("g_buffer", g_buffer)):
+        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim")
+    _check(fill.dtype == torch.int32 and origin.dtype == torch.int32,
+           f"cursors fill/origin must be int32, got {fill.dtype}/{origin.dtype}")
+    _check(fill.shape == (num_slots,) and origin.shape == (num_slots,),
+           f"cursors must be [num_slots={num_slots}]")
+    _check(slot_ids.dim() == 1 and slot_ids.dtype in (torch.int32, torch.int64),
+           f"slot_ids must be a 1-D int32/int64 tensor, got {slot_ids.dtype} {tuple(slot_ids.shape)}")
+    _check(buffer_len >= 1, f"buffer_len must be >= 1, got {buffer_len}")
+    if mode == MODE_VERIFY:
+        _check(T < buffer_len, f"buffer_len ({buffer_len}) must exceed the speculative window "
+                               f"(T={T} draft tokens): raise --replayssm-buffer-len")
+    need = required_capacity(buffer_len, max(T, 1))
+    _check(cap >= need, f"input buffer capacity {cap} is too short for buffer_len {buffer_len} and "
+                        f"a window of {max(T, 1)} (needs >= {need} entries)")
+    _check(k_buffer.shape[2] == cap, "k_buffer and u_buffer must have the same capacity")
+
+    if mixed_qkv is not None:
+        dim = 2 * H * K + HV * V
+        _check(mixed_qkv.dim() == 3 and mixed_qkv.shape[0] == batch and mixed_qkv.shape[2] == dim,
+               f"mixed_qkv must be [batch={batch}, T, 2*H*K+HV*V={dim}], got "
+               f"{tuple(mixed_qkv.shape)}")
+        _check(mixed_qkv.stride(-1) == 1, "mixed_qkv must be contiguous in its last dim")
+        for name, t in (("a", a), ("b", b)):
+            _check(t.dim() == 3 and tuple(t.shape) == (batch, T, HV) and t.stride(-1) == 1,
+                   f"`{name}` must be [batch, T, HV={HV}] contiguous in HV, got {tuple(t.shape)}")
+        _check(A_log.shape == (HV,) and dt_bias.shape == (HV,) and A_log.stride(0) == 1
+               and dt_bias.stride(0) == 1, f"A_log/dt_bias must be contiguous [HV={HV}]")
+        if out is None:
+            out = mixed_qkv.new_empty(batch, T, HV, V)
+        _check(tuple(out.shape) == (batch, T, HV, V) and out.stride(-1) == 1,
+               f"out must be [batch, T, HV, V], got {tuple(out.shape)}")
+        if validate:
+            for name, t in (("mixed_qkv", mixed_qkv), ("a", a), ("b", b), ("A_log", A_log),
+                            ("dt_bias", dt_bias)):
+                if not bool(torch.isfinite(t).all()):
+                    raise ValueError(f"`{name}` contains NaN or inf")
+    if validate:
+        live = slot_ids >= 0
+        _check(bool((slot_ids[live] < num_slots).all()), "slot_ids out of range")
+        f = fill[slot_ids[live].long()]
+        _check(bool(((f >= 0) & (f < buffer_len)).all()),
+               f"cursor fill out of range [0, {buffer_len}): {f.tolist()[:8]}")
+    if batch == 0:
+        return out
+
+    cfg = config or default_config(V, K, checkpoint.dtype, batch)
+    BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
+    BLOCK_K = max(16, triton.next_power_of_2(K))
+    qkv = mixed_qkv if mixed_qkv is not None else g_buffer.new_empty(batch, 1, 1)
+    a_ = a if a is not None else qkv
+    b_ = b if b is not None else qkv
+    o = out if out is not None else g_buffer.new_empty(batch, 1, 1, 1)
+    grid = (triton.cdiv(V, cfg.block_v), HV, batch)
+    _gdn_replay_kernel[grid](
+        checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+        qkv, a_, b_, A_log if A_log is not None else g_buffer,
+        dt_bias if dt_bias is not None else g_buffer, o, float(scale),
+        H, HV, K, V, buffer_len, cap,
+        checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
+        k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
+        u_buffer.stride(0), u_buffer.stride(1), u_buffer.stride(2),
+        g_buffer.stride(0), g_buffer.stride(1),
+        qkv.stride(0), qkv.stride(1), a_.stride(0), a_.stride(1), b_.stride(0), b_.stride(1),
+        o.stride(0), o.stride(1), o.stride(2),
+        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_V=cfg.block_v, BLOCK_K=BLOCK_K,
+        USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION="ieee" if _interpreting() else "tf32x3",
+        num_warps=cfg.num_warps,
+    )
+    return out
+
+
+def gdn_replay_decode(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+                      mixed_qkv, a, b, A_log, dt_bias, scale, *, buffer_len, num_k_heads,
+                      out=None, use_qk_l2norm=True, config=None, validate=False):
+    """One decode step of a GDN layer from checkpoint + input buffer.
+
+    Shapes (b = batch rows, S = pool slots, cap = buffer capacity):
+        checkpoint   [S, HV, V, K]   fp32/bf16/fp16, K contiguous (SGLang's layout);
+                     read every step, written only on the row's flush step
+        k_buffer     [S, H, cap, K]  activation dtype: L2-normalised keys
+        u_buffer     [S, HV, cap, V] corrected values (fp32 keeps fp32 parity;
+                     bf16 halves the ring's bytes)
+        g_buffer     [S, HV, cap]    float32 log decays
+        fill, origin [S] int32 device cursors (see ``cursors``), read only here
+        slot_ids     [b] int32/int64, -1 = padded row (output zeros, pool untouched)
+        mixed_qkv    [b, 2*H*K + HV*V] post-conv packed q|k|v (bf16/fp16/fp32)
+        a, b         [b, HV]         A_log, dt_bias: [HV]
+        out          [b, HV, V] or None
+    Returns ``out`` [b, HV, V]. Afterwards ``cursors.commit(mode=MODE_DECODE)``.
+    """
+    if mixed_qkv.dim() != 2:
+        raise ValueError(f"decode expects mixed_qkv [batch, dim], got {tuple(mixed_qkv.shape)}")
+    o = _launch(MODE_DECODE, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+                mixed_qkv.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias, scale,
+                None if out is None else out.unsqueeze(1), buffer_len, num_k_heads,
+                use_qk_l2norm, config, validate)
+    return o.squeeze(1)
+
+
+def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+                      mixed_qkv, a, b, A_log, dt_bias, scale, *, buffer_len, num_k_heads,
+                      out=None, use_qk_l2norm=True, config=None, validate=False):
+    """Chain verification of T draft tokens per row, output-only.
+
+    As :func:`gdn_replay_decode` with a window dim: mixed_qkv [b, T, dim],
+    a/b [b, T, HV], out [b, T, HV, V]. Each draft's corrected value depends
+    on the earlier drafts; they are computed in order inside the kernel from
+    one checkpoint read and appended to the ring after the committed history.
+    The checkpoint is written only when the flush rule fires, and then with
+    the committed history alone. Afterwards ``commit(mode=MODE_VERIFY, ...)``.
+    """
+    if mixed_qkv.dim() != 3:
+        raise ValueError(f"verify expects mixed_qkv [batch, T, dim], got {tuple(mixed_qkv.shape)}")
+    return _launch(MODE_VERIFY, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+                   mixed_qkv, a, b, A_log, dt_bias, scale, out, buffer_len, num_k_heads,
+                   use_qk_l2norm, config, validate)
+
+
+def gdn_replay_flush(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, *,
+                     buffer_len, num_k_heads, config=None, validate=False):
+    """Fold each row's buffered tokens into its checkpoint (empty rows skipped).
+    Afterwards ``cursors.commit(mode=MODE_FLUSH)`` once for all layers."""
+    _launch(MODE_FLUSH, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+            None, None, None, None, None, 1.0, None, buffer_len, num_k_heads, True, config,
+            validate)
