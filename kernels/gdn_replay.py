@@ -33,24 +33,15 @@ oracles are in :mod:`sglang_replayssm.reference`.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions, required_capacity
+from .common import (ACT_DTYPES, LaunchConfig, check, check_finite, check_live_cursors,
+                     check_pool, dot_precision, ring_positions, softplus)
+from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
 
-__all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "GDNReplayConfig",
-           "default_config"]
-
-STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-@triton.jit
-def _softplus(x):
-    return tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
+__all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "default_config"]
 
 
 @triton.jit
@@ -107,11 +98,7 @@ def _gdn_replay_kernel(
             return
 
     # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window
-    is_hist = offs_s < fill
-    win = offs_s - fill
-    is_win = (win >= 0) & (win < T)
-    ring = origin + offs_s
-    ring = tl.where(ring >= capacity, ring - capacity, ring)
+    is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, T)
     g_s = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist, other=0.0)
     ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
                  + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :],
@@ -125,7 +112,7 @@ def _gdn_replay_kernel(
     dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
     for j in tl.static_range(T):
         a_j = tl.load(a_ptr + row * s_a_row + j * s_a_t + hv).to(tl.float32)
-        g_j = -tl.exp(A_log) * _softplus(a_j + dt_bias)
+        g_j = -tl.exp(A_log) * softplus(a_j + dt_bias)
         g_s = tl.where(offs_s == fill + j, g_j, g_s)
         k_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + H * K + hk * K + offs_k,
                       mask=mask_k, other=0.0).to(tl.float32)
@@ -202,35 +189,13 @@ def _gdn_replay_kernel(
 # launchers
 # --------------------------------------------------------------------------
 
-class GDNReplayConfig:
-    """Launch configuration: V rows per program and warps."""
-
-    __slots__ = ("block_v", "num_warps")
-
-    def __init__(self, block_v: int, num_warps: int):
-        self.block_v = block_v
-        self.num_warps = num_warps
-
-    def __repr__(self):
-        return f"GDNReplayConfig(block_v={self.block_v}, num_warps={self.num_warps})"
-
-
 def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
-                   batch: int = 256) -> GDNReplayConfig:
+                   batch: int = 256) -> LaunchConfig:
     """Not yet tuned on a GPU: the Mamba-2 kernel's measured shape (a large
     tile, 2 warps at serving batch) carried over."""
     bv = min(64, max(16, triton.next_power_of_2(head_v_dim)))
-    return GDNReplayConfig(block_v=bv if batch >= 32 else min(bv, 32),
-                           num_warps=2 if batch >= 32 else 4)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _check(cond: bool, msg: str):
-    if not cond:
-        raise ValueError(msg)
+    return LaunchConfig(block=bv if batch >= 32 else min(bv, 32),
+                        num_warps=2 if batch >= 32 else 4)
 
 
 def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, mixed_qkv,
@@ -242,65 +207,41 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     batch = slot_ids.shape[0]
     T = 0 if mixed_qkv is None else mixed_qkv.shape[1]
 
-    _check(checkpoint.dtype in STATE_DTYPES,
-           f"checkpoint dtype {checkpoint.dtype} not supported (use one of {STATE_DTYPES})")
-    _check(checkpoint.stride(-1) == 1, "checkpoint must be contiguous in K (stride(-1) == 1)")
-    _check(H >= 1 and HV % H == 0, f"num_v_heads ({HV}) must be a multiple of num_k_heads ({H})")
-    _check(tuple(k_buffer.shape) == (num_slots, H, cap, K),
-           f"k_buffer must be [num_slots={num_slots}, H={H}, capacity, K={K}], got "
-           f"{tuple(k_buffer.shape)}")
-    _check(tuple(u_buffer.shape) == (num_slots, HV, cap, V),
-           f"u_buffer must be [num_slots={num_slots}, HV={HV}, capacity, V={V}], got "
-           f"{tuple(u_buffer.shape)}")
-    _check(tuple(g_buffer.shape) == (num_slots, HV, cap),
-           f"g_buffer must be [num_slots={num_slots}, HV={HV}, capacity={cap}], got "
-           f"{tuple(g_buffer.shape)}")
-    _check(g_buffer.dtype == torch.float32, f"g_buffer must be float32, got {g_buffer.dtype}")
-    _check(k_buffer.dtype in ACT_DTYPES and u_buffer.dtype in ACT_DTYPES,
-           f"k_buffer/u_buffer dtype must be one of {ACT_DTYPES}")
-    for name, t in (("k_buffer", k_buffer), ("u_buffer", u_buffer), ("g_buffer", g_buffer)):
-        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim")
-    _check(fill.dtype == torch.int32 and origin.dtype == torch.int32,
-           f"cursors fill/origin must be int32, got {fill.dtype}/{origin.dtype}")
-    _check(fill.shape == (num_slots,) and origin.shape == (num_slots,),
-           f"cursors must be [num_slots={num_slots}]")
-    _check(slot_ids.dim() == 1 and slot_ids.dtype in (torch.int32, torch.int64),
-           f"slot_ids must be a 1-D int32/int64 tensor, got {slot_ids.dtype} {tuple(slot_ids.shape)}")
-    _check(buffer_len >= 1, f"buffer_len must be >= 1, got {buffer_len}")
-    if mode == MODE_VERIFY:
-        _check(T < buffer_len, f"buffer_len ({buffer_len}) must exceed the speculative window "
-                               f"(T={T} draft tokens): raise --replayssm-buffer-len")
-    need = required_capacity(buffer_len, max(T, 1))
-    _check(cap >= need, f"input buffer capacity {cap} is too short for buffer_len {buffer_len} and "
-                        f"a window of {max(T, 1)} (needs >= {need} entries)")
-    _check(k_buffer.shape[2] == cap, "k_buffer and u_buffer must have the same capacity")
+    check_pool(checkpoint, {"k_buffer": k_buffer, "u_buffer": u_buffer, "g_buffer": g_buffer},
+               num_slots, cap, fill, origin, slot_ids, buffer_len, T, mode == MODE_VERIFY)
+    check(H >= 1 and HV % H == 0, f"num_v_heads ({HV}) must be a multiple of num_k_heads ({H})")
+    check(tuple(k_buffer.shape) == (num_slots, H, cap, K),
+          f"k_buffer must be [num_slots={num_slots}, H={H}, capacity, K={K}], got "
+          f"{tuple(k_buffer.shape)}")
+    check(tuple(u_buffer.shape) == (num_slots, HV, cap, V),
+          f"u_buffer must be [num_slots={num_slots}, HV={HV}, capacity, V={V}], got "
+          f"{tuple(u_buffer.shape)}")
+    check(tuple(g_buffer.shape) == (num_slots, HV, cap),
+          f"g_buffer must be [num_slots={num_slots}, HV={HV}, capacity={cap}], got "
+          f"{tuple(g_buffer.shape)}")
+    check(g_buffer.dtype == torch.float32, f"g_buffer must be float32, got {g_buffer.dtype}")
+    check(k_buffer.dtype in ACT_DTYPES and u_buffer.dtype in ACT_DTYPES,
+          f"k_buffer/u_buffer dtype must be one of {ACT_DTYPES}")
 
     if mixed_qkv is not None:
         dim = 2 * H * K + HV * V
-        _check(mixed_qkv.dim() == 3 and mixed_qkv.shape[0] == batch and mixed_qkv.shape[2] == dim,
+        check(mixed_qkv.dim() == 3 and mixed_qkv.shape[0] == batch and mixed_qkv.shape[2] == dim,
                f"mixed_qkv must be [batch={batch}, T, 2*H*K+HV*V={dim}], got "
                f"{tuple(mixed_qkv.shape)}")
-        _check(mixed_qkv.stride(-1) == 1, "mixed_qkv must be contiguous in its last dim")
+        check(mixed_qkv.stride(-1) == 1, "mixed_qkv must be contiguous in its last dim")
         for name, t in (("a", a), ("b", b)):
-            _check(t.dim() == 3 and tuple(t.shape) == (batch, T, HV) and t.stride(-1) == 1,
+            check(t.dim() == 3 and tuple(t.shape) == (batch, T, HV) and t.stride(-1) == 1,
                    f"`{name}` must be [batch, T, HV={HV}] contiguous in HV, got {tuple(t.shape)}")
-        _check(A_log.shape == (HV,) and dt_bias.shape == (HV,) and A_log.stride(0) == 1
+        check(A_log.shape == (HV,) and dt_bias.shape == (HV,) and A_log.stride(0) == 1
                and dt_bias.stride(0) == 1, f"A_log/dt_bias must be contiguous [HV={HV}]")
         if out is None:
             out = mixed_qkv.new_empty(batch, T, HV, V)
-        _check(tuple(out.shape) == (batch, T, HV, V) and out.stride(-1) == 1,
+        check(tuple(out.shape) == (batch, T, HV, V) and out.stride(-1) == 1,
                f"out must be [batch, T, HV, V], got {tuple(out.shape)}")
         if validate:
-            for name, t in (("mixed_qkv", mixed_qkv), ("a", a), ("b", b), ("A_log", A_log),
-                            ("dt_bias", dt_bias)):
-                if not bool(torch.isfinite(t).all()):
-                    raise ValueError(f"`{name}` contains NaN or inf")
+            check_finite(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     if validate:
-        live = slot_ids >= 0
-        _check(bool((slot_ids[live] < num_slots).all()), "slot_ids out of range")
-        f = fill[slot_ids[live].long()]
-        _check(bool(((f >= 0) & (f < buffer_len)).all()),
-               f"cursor fill out of range [0, {buffer_len}): {f.tolist()[:8]}")
+        check_live_cursors(fill, slot_ids, num_slots, buffer_len)
     if batch == 0:
         return out
 
@@ -311,7 +252,7 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     a_ = a if a is not None else qkv
     b_ = b if b is not None else qkv
     o = out if out is not None else g_buffer.new_empty(batch, 1, 1, 1)
-    grid = (triton.cdiv(V, cfg.block_v), HV, batch)
+    grid = (triton.cdiv(V, cfg.block), HV, batch)
     _gdn_replay_kernel[grid](
         checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
         qkv, a_, b_, A_log if A_log is not None else g_buffer,
@@ -323,8 +264,8 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         g_buffer.stride(0), g_buffer.stride(1),
         qkv.stride(0), qkv.stride(1), a_.stride(0), a_.stride(1), b_.stride(0), b_.stride(1),
         o.stride(0), o.stride(1), o.stride(2),
-        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_V=cfg.block_v, BLOCK_K=BLOCK_K,
-        USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION="ieee" if _interpreting() else "tf32x3",
+        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_V=cfg.block, BLOCK_K=BLOCK_K,
+        USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(),
         num_warps=cfg.num_warps,
     )
     return out

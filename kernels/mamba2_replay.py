@@ -30,26 +30,18 @@ The float64 oracles are in :mod:`sglang_replayssm.reference`.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions, required_capacity
+from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, check, check_finite,
+                     check_live_cursors, check_pool, dot_precision, ring_positions, softplus)
+from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush",
-           "ROUTES", "Mamba2ReplayConfig", "default_config", "default_route"]
+           "ROUTES", "default_config", "default_route"]
 
 ROUTES = ("output_only", "reconstruct")
-STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-@triton.jit
-def _softplus(x):
-    # F.softplus with its default threshold of 20, as SGLang's kernels use
-    return tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
 
 
 @triton.jit
@@ -105,12 +97,7 @@ def _mamba2_replay_kernel(
     A = tl.load(A_ptr + head * s_A).to(tl.float32)
 
     # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window
-    is_hist = offs_s < fill
-    win = offs_s - fill
-    is_win = (win >= 0) & (win < T)
-    win = tl.where(is_win, win, 0)
-    ring = origin + offs_s
-    ring = tl.where(ring >= capacity, ring - capacity, ring)
+    is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, T)
 
     dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring, mask=is_hist, other=0.0)
     dt_w = tl.load(dt_ptr + row * s_dt_row + win * s_dt_t + head * s_dt_head,
@@ -118,7 +105,7 @@ def _mamba2_replay_kernel(
     if HAS_DT_BIAS:
         dt_w += tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
     if DT_SOFTPLUS:
-        dt_w = _softplus(dt_w)
+        dt_w = softplus(dt_w)
     dt = tl.where(is_hist, dt_h, tl.where(is_win, dt_w, 0.0))
     cum = tl.cumsum(dt * A, axis=0)
 
@@ -254,38 +241,20 @@ def _mamba2_replay_kernel(
 # launchers
 # --------------------------------------------------------------------------
 
-class Mamba2ReplayConfig:
-    """Launch configuration: headdim rows per program and warps."""
-
-    __slots__ = ("block_p", "num_warps")
-
-    def __init__(self, block_p: int, num_warps: int):
-        self.block_p = block_p
-        self.num_warps = num_warps
-
-    def __repr__(self):
-        return f"Mamba2ReplayConfig(block_p={self.block_p}, num_warps={self.num_warps})"
-
-
 def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
-                   batch: int = 256) -> Mamba2ReplayConfig:
+                   batch: int = 256) -> LaunchConfig:
     """Launch configuration, from the H200 sweeps in benchmarks/results/
     (kernels_mamba2*.json): at serving batch sizes a whole head per program
     with 2 warps (more programs resident per SM); small batches need more,
     smaller programs to fill the GPU."""
     if batch >= 32:
-        return Mamba2ReplayConfig(block_p=min(64, max(16, triton.next_power_of_2(headdim))),
-                                  num_warps=2)
-    return Mamba2ReplayConfig(block_p=32 if headdim > 16 else 16, num_warps=4)
+        return LaunchConfig(block=min(64, max(16, triton.next_power_of_2(headdim))), num_warps=2)
+    return LaunchConfig(block=32 if headdim > 16 else 16, num_warps=4)
 
 
 def default_route(batch: int, state_dtype: torch.dtype) -> str:
     """Route picked from measurement (benchmarks/results/kernels_mamba2.md)."""
     return "output_only"
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _per_head(t: torch.Tensor | None, name: str, nheads: int, batch_dims: int = 0):
@@ -306,11 +275,6 @@ def _per_head(t: torch.Tensor | None, name: str, nheads: int, batch_dims: int = 
     return t
 
 
-def _check(cond: bool, msg: str):
-    if not cond:
-        raise ValueError(msg)
-
-
 def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
             x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, buffer_len, checkpoint_fold,
             route, config, validate):
@@ -320,80 +284,56 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     batch = slot_ids.shape[0]
     T = 0 if x is None else x.shape[1]
 
-    _check(checkpoint.dtype in STATE_DTYPES,
-           f"checkpoint dtype {checkpoint.dtype} not supported (use one of {STATE_DTYPES})")
-    _check(checkpoint.stride(-1) == 1, "checkpoint must be contiguous in dstate (stride(-1) == 1)")
+    check_pool(checkpoint, {"x_buffer": x_buffer, "B_buffer": B_buffer, "dt_buffer": dt_buffer},
+               num_slots, cap, fill, origin, slot_ids, buffer_len, T, mode == MODE_VERIFY)
     if checkpoint_fold is not None:
-        _check(checkpoint_fold.shape == checkpoint.shape,
-               f"checkpoint_fold shape {tuple(checkpoint_fold.shape)} != checkpoint shape "
-               f"{tuple(checkpoint.shape)}")
-        _check(checkpoint_fold.stride() == checkpoint.stride(),
-               "checkpoint_fold must have the same strides as checkpoint")
-        _check(checkpoint_fold.dtype in STATE_DTYPES,
-               f"checkpoint_fold dtype {checkpoint_fold.dtype} not supported")
-    _check(tuple(x_buffer.shape) == (num_slots, H, cap, P),
-           f"x_buffer must be [num_slots={num_slots}, H={H}, capacity, P={P}], got "
-           f"{tuple(x_buffer.shape)}")
-    _check(tuple(B_buffer.shape) == (num_slots, G, cap, N) and H % G == 0,
-           f"B_buffer must be [num_slots={num_slots}, G, capacity={cap}, N={N}] with H % G == 0, "
-           f"got {tuple(B_buffer.shape)}")
-    _check(tuple(dt_buffer.shape) == (num_slots, H, cap),
-           f"dt_buffer must be [num_slots={num_slots}, H={H}, capacity={cap}], got "
-           f"{tuple(dt_buffer.shape)}")
-    _check(dt_buffer.dtype == torch.float32, f"dt_buffer must be float32, got {dt_buffer.dtype}")
-    _check(x_buffer.dtype in ACT_DTYPES and B_buffer.dtype in ACT_DTYPES,
-           f"x_buffer/B_buffer dtype must be one of {ACT_DTYPES}")
-    for name, t in (("x_buffer", x_buffer), ("B_buffer", B_buffer), ("dt_buffer", dt_buffer)):
-        _check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim")
-    _check(fill.dtype == torch.int32 and origin.dtype == torch.int32,
-           f"cursors fill/origin must be int32, got {fill.dtype}/{origin.dtype}")
-    _check(fill.shape == (num_slots,) and origin.shape == (num_slots,),
-           f"cursors must be [num_slots={num_slots}]")
-    _check(slot_ids.dim() == 1 and slot_ids.dtype in (torch.int32, torch.int64),
-           f"slot_ids must be a 1-D int32/int64 tensor, got {slot_ids.dtype} {tuple(slot_ids.shape)}")
-    _check(buffer_len >= 1, f"buffer_len must be >= 1, got {buffer_len}")
-    if mode == MODE_VERIFY:
-        _check(T < buffer_len, f"buffer_len ({buffer_len}) must exceed the speculative window "
-                               f"(T={T} draft tokens): raise --replayssm-buffer-len")
-    need = required_capacity(buffer_len, max(T, 1))
-    _check(cap >= need, f"input buffer capacity {cap} is too short for buffer_len {buffer_len} and "
-                        f"a window of {max(T, 1)} (needs >= {need} entries)")
+        check(checkpoint_fold.shape == checkpoint.shape,
+              f"checkpoint_fold shape {tuple(checkpoint_fold.shape)} != checkpoint shape "
+              f"{tuple(checkpoint.shape)}")
+        check(checkpoint_fold.stride() == checkpoint.stride(),
+              "checkpoint_fold must have the same strides as checkpoint")
+        check(checkpoint_fold.dtype in STATE_DTYPES,
+              f"checkpoint_fold dtype {checkpoint_fold.dtype} not supported")
+    check(tuple(x_buffer.shape) == (num_slots, H, cap, P),
+          f"x_buffer must be [num_slots={num_slots}, H={H}, capacity, P={P}], got "
+          f"{tuple(x_buffer.shape)}")
+    check(tuple(B_buffer.shape) == (num_slots, G, cap, N) and H % G == 0,
+          f"B_buffer must be [num_slots={num_slots}, G, capacity={cap}, N={N}] with H % G == 0, "
+          f"got {tuple(B_buffer.shape)}")
+    check(tuple(dt_buffer.shape) == (num_slots, H, cap),
+          f"dt_buffer must be [num_slots={num_slots}, H={H}, capacity={cap}], got "
+          f"{tuple(dt_buffer.shape)}")
+    check(dt_buffer.dtype == torch.float32, f"dt_buffer must be float32, got {dt_buffer.dtype}")
+    check(x_buffer.dtype in ACT_DTYPES and B_buffer.dtype in ACT_DTYPES,
+          f"x_buffer/B_buffer dtype must be one of {ACT_DTYPES}")
     if route == "auto":
         route = default_route(batch, checkpoint.dtype)
-    _check(route in ROUTES, f"route must be one of {ROUTES} or 'auto', got {route!r}")
+    check(route in ROUTES, f"route must be one of {ROUTES} or 'auto', got {route!r}")
 
     if x is not None:
-        _check(x.dim() == 4 and x.shape[0] == batch and x.shape[2:] == (H, P),
+        check(x.dim() == 4 and x.shape[0] == batch and x.shape[2:] == (H, P),
                f"x must be [batch={batch}, T, H={H}, P={P}], got {tuple(x.shape)}")
-        _check(x.dtype in ACT_DTYPES, f"x dtype {x.dtype} not supported")
-        _check(x.stride(-1) == 1, "x must be contiguous in headdim")
+        check(x.dtype in ACT_DTYPES, f"x dtype {x.dtype} not supported")
+        check(x.stride(-1) == 1, "x must be contiguous in headdim")
         for name, t in (("B", B), ("C", C)):
-            _check(t.dim() == 4 and tuple(t.shape) == (batch, T, G, N),
+            check(t.dim() == 4 and tuple(t.shape) == (batch, T, G, N),
                    f"{name} must be [batch={batch}, T={T}, G={G}, N={N}], got {tuple(t.shape)}")
-            _check(t.stride(-1) == 1, f"{name} must be contiguous in dstate")
-        _check(dt.dim() == 3 and tuple(dt.shape) == (batch, T, H),
+            check(t.stride(-1) == 1, f"{name} must be contiguous in dstate")
+        check(dt.dim() == 3 and tuple(dt.shape) == (batch, T, H),
                f"dt must be [batch, T, H] (per-head), got {tuple(dt.shape)}")
         if z is not None:
-            _check(z.shape == x.shape and z.stride(-1) == 1, "z must have the shape of x, contiguous")
+            check(z.shape == x.shape and z.stride(-1) == 1, "z must have the shape of x, contiguous")
         if out is None:
             out = torch.empty_like(x)
-        _check(out.shape == x.shape and out.stride(-1) == 1, "out must have the shape of x")
+        check(out.shape == x.shape and out.stride(-1) == 1, "out must have the shape of x")
         if validate:
-            for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C), ("z", z)):
-                if t is not None and not bool(torch.isfinite(t).all()):
-                    raise ValueError(f"`{name}` contains NaN or inf")
+            check_finite(x=x, dt=dt, B=B, C=C, z=z)
     A = _per_head(A, "A", H)
     D = _per_head(D, "D", H)
     dt_bias = _per_head(dt_bias, "dt_bias", H)
     if validate:
-        for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
-            if t is not None and not bool(torch.isfinite(t).all()):
-                raise ValueError(f"`{name}` contains NaN or inf")
-        live = slot_ids >= 0
-        _check(bool((slot_ids[live] < num_slots).all()), "slot_ids out of range")
-        f = fill[slot_ids[live].long()]
-        _check(bool(((f >= 0) & (f < buffer_len)).all()),
-               f"cursor fill out of range [0, {buffer_len}): {f.tolist()[:8]}")
+        check_finite(A=A, D=D, dt_bias=dt_bias)
+        check_live_cursors(fill, slot_ids, num_slots, buffer_len)
     if batch == 0:
         return out
 
@@ -407,7 +347,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     Cw = C if C is not None else Bw
     zs = z if z is not None else xs
     outs = out if out is not None else xs
-    grid = (triton.cdiv(P, cfg.block_p), H, batch)
+    grid = (triton.cdiv(P, cfg.block), H, batch)
     _mamba2_replay_kernel[grid](
         checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
         x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
@@ -426,11 +366,11 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         outs.stride(0), outs.stride(1), outs.stride(2),
         A.stride(0), D.stride(0) if D is not None else 0,
         dt_bias.stride(0) if dt_bias is not None else 0,
-        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block_p, BLOCK_N=BLOCK_N,
+        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
         RECONSTRUCT=(route == "reconstruct"), HAS_FOLD_COPY=checkpoint_fold is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=dt_softplus,
-        DOT_PRECISION="ieee" if _interpreting() else "tf32x3",
+        DOT_PRECISION=dot_precision(),
         num_warps=cfg.num_warps,
     )
     return out

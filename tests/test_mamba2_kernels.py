@@ -82,7 +82,7 @@ class Cfg:
     dt_mode: str = "bias_softplus"  # or "raw": no dt_bias, no softplus
     fold: bool = False            # dual precision: fp32 checkpoint_fold beside `checkpoint`
     G: int = 2                    # ngroups (H = 4 heads)
-    config: tuple = ()            # Mamba2ReplayConfig fields ((name, value), ...); (): default
+    config: tuple = ()            # LaunchConfig fields ((name, value), ...); (): default
 
     @property
     def id(self):
@@ -302,9 +302,9 @@ class Pool:
 # --------------------------------------------------------------------------
 
 # Launch configs: P=24/40 leave the last headdim slice of a program partly
-# masked (default block_p: one power-of-two slice per head; block_p=16: 2-3
+# masked (default block: one power-of-two slice per head; block=16: 2-3
 # slices per head); num_warps=2 is the serving-batch configuration.
-BP16, NW2 = ("block_p", 16), ("num_warps", 2)
+BP16, NW2 = ("block", 16), ("num_warps", 2)
 DECODE_CASES = [
     Cfg(P=24),
     Cfg(P=24, route="reconstruct", layout="sglang"),

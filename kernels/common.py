@@ -1,0 +1,104 @@
+"""What the ReplaySSM kernel families share: dtypes, launch configs, the ring
+position helper and the launchers' input checks."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .cursors import required_capacity
+
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+@dataclass
+class LaunchConfig:
+    """Rows of the per-program state tile (Mamba-2: headdim rows; GDN: V rows;
+    each program spans all of dstate / K) and warps per program."""
+
+    block: int
+    num_warps: int
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def dot_precision() -> str:
+    # fp32 tl.dot at plain tf32 drifts ~1e-2 from the recurrence; tf32x3 keeps
+    # fp32 parity. The interpreter computes dots in numpy: ask for ieee there.
+    return "ieee" if interpreting() else "tf32x3"
+
+
+@triton.jit
+def softplus(x):
+    # F.softplus with its default threshold of 20, as SGLang's kernels use
+    return tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
+
+
+@triton.jit
+def ring_positions(offs_s, fill, origin, capacity, T: tl.constexpr):
+    """For logical positions ``offs_s``: history mask (< fill), window mask
+    ([fill, fill+T)), window index (clamped to 0 outside) and ring index."""
+    is_hist = offs_s < fill
+    win = offs_s - fill
+    is_win = (win >= 0) & (win < T)
+    win = tl.where(is_win, win, 0)
+    ring = origin + offs_s
+    ring = tl.where(ring >= capacity, ring - capacity, ring)
+    return is_hist, is_win, win, ring
+
+
+def check(cond: bool, msg: str):
+    if not cond:
+        raise ValueError(msg)
+
+
+def check_pool(checkpoint, buffers: dict, num_slots: int, capacity: int, fill, origin,
+               slot_ids, buffer_len: int, window: int, verify: bool):
+    """Checks common to every launcher: checkpoint dtype/layout, ring buffers
+    contiguous in their last dim, int32 cursors, slot ids, buffer length vs
+    the window and the ring capacity."""
+    check(checkpoint.dtype in STATE_DTYPES,
+          f"checkpoint dtype {checkpoint.dtype} not supported (use one of {STATE_DTYPES})")
+    check(checkpoint.stride(-1) == 1, "checkpoint must be contiguous in its last dim")
+    for name, t in buffers.items():
+        check(t.stride(-1) == 1, f"{name} must be contiguous in its last dim")
+        check(t.shape[0] == num_slots and t.shape[2] == capacity,
+              f"{name} must be [num_slots={num_slots}, heads, capacity={capacity}, ...], got "
+              f"{tuple(t.shape)}")
+    check(fill.dtype == torch.int32 and origin.dtype == torch.int32,
+          f"cursors fill/origin must be int32, got {fill.dtype}/{origin.dtype}")
+    check(fill.shape == (num_slots,) and origin.shape == (num_slots,),
+          f"cursors must be [num_slots={num_slots}]")
+    check(slot_ids.dim() == 1 and slot_ids.dtype in (torch.int32, torch.int64),
+          f"slot_ids must be a 1-D int32/int64 tensor, got {slot_ids.dtype} "
+          f"{tuple(slot_ids.shape)}")
+    check(buffer_len >= 1, f"buffer_len must be >= 1, got {buffer_len}")
+    if verify:
+        check(window < buffer_len, f"buffer_len ({buffer_len}) must exceed the speculative "
+                                   f"window (T={window} draft tokens): raise "
+                                   f"--replayssm-buffer-len")
+    need = required_capacity(buffer_len, max(window, 1))
+    check(capacity >= need, f"input buffer capacity {capacity} is too short for buffer_len "
+                            f"{buffer_len} and a window of {max(window, 1)} (needs >= {need} "
+                            f"entries)")
+
+
+def check_finite(**tensors):
+    for name, t in tensors.items():
+        if t is not None and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"`{name}` contains NaN or inf")
+
+
+def check_live_cursors(fill, slot_ids, num_slots: int, buffer_len: int):
+    """Validation mode: slots in range and cursors inside [0, buffer_len)."""
+    live = slot_ids >= 0
+    check(bool((slot_ids[live] < num_slots).all()), "slot_ids out of range")
+    f = fill[slot_ids[live].long()]
+    check(bool(((f >= 0) & (f < buffer_len)).all()),
+          f"cursor fill out of range [0, {buffer_len}): {f.tolist()[:8]}")
