@@ -1,0 +1,28 @@
+"""SGLang entry-point plugin (group ``sglang.srt.plugins``).
+
+SGLang calls ``register()`` in the launcher before it parses the command line
+(sglang/launch_server.py:64-66) and again in every scheduler process
+(srt/managers/scheduler.py:4895). It only adds the flags, unless ReplaySSM is
+enabled (the launcher exported SGLANG_REPLAYSSM_ENABLED=1 for the children):
+then it also installs the pool and backend hooks. Nothing CUDA-only is
+imported here.
+"""
+
+from __future__ import annotations
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    from sglang_replayssm import sglang_hooks
+    from sglang_replayssm.config import ReplayConfig
+
+    sglang_hooks.check_sglang_version()
+    sglang_hooks.install_cli_hooks()
+    config = ReplayConfig.from_env()
+    if config.enabled:
+        sglang_hooks.install_replay_hooks(config.validate())
+    _registered = True
