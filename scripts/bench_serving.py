@@ -1,0 +1,683 @@
+#!/usr/bin/env python3
+"""End-to-end decode benchmark: stock SGLang 0.5.17 against ReplaySSM, served.
+
+One invocation of `run` serves one model with one or more arms in turn (same
+model, same flags except each arm's own), and for each arm: starts
+`sglang.launch_server --load-format dummy`, waits for /health, checks that
+/v1/chat/completions and /v1/completions answer, runs SGLang's own
+`sglang.bench_one_batch_server` (random-ids prompts, 512 in / 256 out, batch
+1, 64, 256), optionally dumps greedy tokens + logprobs for the parity check,
+stops the server and writes benchmarks/results/partial/e2e_<model>_<arm>.json.
+A device command may run 10 minutes and a server takes 1-5 minutes to become
+healthy, hence one arm per call and a separate `merge`:
+
+    python scripts/bench_serving.py run --model nemotron-h-8b --arms replayssm --parity
+    python scripts/bench_serving.py merge      # -> benchmarks/results/e2e_decode.{json,md,png}
+
+Arms. Mamba-2 models (NemotronH, FalconH1, GraniteMoeHybrid): stock-triton
+(--mamba-backend triton), stock-flashinfer (--mamba-backend flashinfer),
+replayssm. Gated DeltaNet (Qwen3-Next): stock-triton, sglang-replay (SGLang's
+built-in --enable-linear-replayssm), replayssm.
+
+Flags every arm of a model shares (so the comparison is fair):
+--disable-radix-cache (one state slot per request, so 256 requests fit; it
+also lets --enable-linear-replayssm run with the overlap scheduler: its
+no_buffer requirement only applies with the radix cache on),
+--max-running-requests 256 --cuda-graph-max-bs-decode 256 (CUDA graphs on;
+the new name of --cuda-graph-max-bs),
+--disable-flashinfer-autotune (saves 50-100 s of start-up; the same on every
+arm), and per family the attention backend: NemotronH refuses triton
+attention, so Mamba-2 models use flashinfer; Qwen3-Next triton attention and
+the triton MoE runner. --server-args adds more to every arm.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_PARTIAL_DIR = os.path.join(REPO, "benchmarks", "results", "partial")
+DEFAULT_RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
+
+COMMON_SERVER_FLAGS = [
+    "--load-format", "dummy", "--disable-radix-cache",
+    "--max-running-requests", "256", "--cuda-graph-max-bs-decode", "256",
+    "--disable-flashinfer-autotune",
+]
+FAMILY_SERVER_FLAGS = {
+    "mamba2": ["--attention-backend", "flashinfer"],
+    "gdn": ["--attention-backend", "triton", "--moe-runner-backend", "triton"],
+}
+STOCK_ARM_FLAGS = {
+    "mamba2": {"stock-triton": ["--mamba-backend", "triton"],
+               "stock-flashinfer": ["--mamba-backend", "flashinfer"]},
+    "gdn": {"stock-triton": ["--linear-attn-decode-backend", "triton"]},
+}
+REPLAY_ARM = "replayssm"
+SGLANG_REPLAY_ARM = "sglang-replay"  # GDN only: SGLang's built-in ReplaySSM
+CHECKPOINT_DTYPES = ("auto", "float32", "bfloat16", "float16")
+GDN_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
+
+T0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    print(f"[bench_serving +{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+# --- what to launch ----------------------------------------------------------
+
+def model_family(model_path: str) -> str:
+    with open(os.path.join(model_path, "config.json")) as f:
+        archs = set(json.load(f).get("architectures", []))
+    return "gdn" if archs & GDN_ARCHITECTURES else "mamba2"
+
+
+def arms_for(family: str) -> list[str]:
+    arms = list(STOCK_ARM_FLAGS[family])
+    if family == "gdn":
+        arms.append(SGLANG_REPLAY_ARM)
+    return arms + [REPLAY_ARM]
+
+
+def arm_label(arm: str, checkpoint_dtype: str) -> str:
+    """replayssm with a non-default checkpoint dtype is its own arm."""
+    if arm == REPLAY_ARM and checkpoint_dtype != "auto":
+        return f"{REPLAY_ARM}-{checkpoint_dtype}"
+    return arm
+
+
+def arm_flags(family: str, arm: str, buffer_len: int, checkpoint_dtype: str) -> list[str]:
+    if arm in STOCK_ARM_FLAGS[family]:
+        return list(STOCK_ARM_FLAGS[family][arm])
+    if arm == SGLANG_REPLAY_ARM and family == "gdn":
+        return ["--enable-linear-replayssm", "--linear-replayssm-cache-len", str(buffer_len)]
+    if arm == REPLAY_ARM:
+        return ["--enable-replayssm", "--replayssm-buffer-len", str(buffer_len),
+                "--replayssm-checkpoint-dtype", checkpoint_dtype]
+    raise ValueError(f"arm {arm!r} does not exist for a {family} model (arms: {arms_for(family)})")
+
+
+def server_command(model_path: str, family: str, arm: str, *, port: int, buffer_len: int = 16,
+                   checkpoint_dtype: str = "auto", extra_args=(), python: str = sys.executable):
+    return ([python, "-m", "sglang.launch_server", "--model-path", model_path,
+             "--host", "127.0.0.1", "--port", str(port)]
+            + COMMON_SERVER_FLAGS + FAMILY_SERVER_FLAGS[family]
+            + arm_flags(family, arm, buffer_len, checkpoint_dtype) + list(extra_args))
+
+
+def bench_command(model_path: str, base_url: str, *, batch_sizes, input_len: int,
+                  output_len: int, result_file: str, python: str = sys.executable):
+    return [python, "-m", "sglang.bench_one_batch_server", "--model-path", model_path,
+            "--base-url", base_url, "--batch-size", *map(str, batch_sizes),
+            "--input-len", str(input_len), "--output-len", str(output_len),
+            "--dataset-name", "random-ids", "--result-filename", result_file, "--show-report"]
+
+
+# --- parsing -----------------------------------------------------------------
+
+def parse_bench_results(jsonl_text: str) -> dict[int, dict]:
+    """bench_one_batch_server's --result-filename lines -> {batch: metrics}.
+    ITL as its report computes it: 1000 * batch / output throughput."""
+    out = {}
+    for line in jsonl_text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        r = json.loads(line)
+        bs, tps = int(r["batch_size"]), float(r["output_throughput"])
+        out[bs] = {"input_len": int(r["input_len"]), "output_len": int(r["output_len"]),
+                   "output_tok_s": tps, "itl_ms": 1000.0 * bs / tps if tps > 0 else None,
+                   "latency_s": float(r["latency"]), "ttft_s": float(r["last_ttft"])}
+    return out
+
+
+_STDOUT_CASE = re.compile(
+    r"batch size: (?P<bs>\d+)\s+input_len: (?P<il>\d+)\s+output_len: (?P<ol>\d+)\s+"
+    r"latency: (?P<lat>[\d.]+) s\s+input throughput: [\d.]+ tok/s\s+"
+    r"output throughput: (?P<tps>[\d.]+) tok/s\s+last_ttft: (?P<ttft>[\d.]+) s")
+
+
+def parse_bench_stdout(text: str) -> dict[int, dict]:
+    """The same metrics from bench_one_batch_server's printed cases (used when
+    the result file is missing). Warm-up cases print too; the last one of each
+    batch size wins, and the measured cases come after the warm-up."""
+    out = {}
+    for m in _STDOUT_CASE.finditer(text):
+        bs, tps = int(m["bs"]), float(m["tps"])
+        out[bs] = {"input_len": int(m["il"]), "output_len": int(m["ol"]), "output_tok_s": tps,
+                   "itl_ms": 1000.0 * bs / tps if tps > 0 else None,
+                   "latency_s": float(m["lat"]), "ttft_s": float(m["ttft"])}
+    return out
+
+
+_DECODE_LINE = re.compile(
+    r"Decode batch(?: \[\d+\])?, #running-req: (?P<running>\d+),.*?"
+    r"cuda graph: (?P<graph>True|False), gen throughput \(token/s\): (?P<tps>[\d.]+), "
+    r"#queue-req: (?P<queue>\d+)")
+
+
+def parse_decode_lines(log_text: str) -> list[dict]:
+    """The scheduler's periodic 'Decode batch' lines (every
+    --decode-log-interval = 40 steps): gen throughput is the tokens of those
+    40 steps over their wall time, so one step = running requests / throughput."""
+    rows = []
+    for m in _DECODE_LINE.finditer(log_text):
+        running, tps = int(m["running"]), float(m["tps"])
+        rows.append({"running": running, "cuda_graph": m["graph"] == "True",
+                     "queue": int(m["queue"]), "gen_tok_s": tps,
+                     "step_ms": 1000.0 * running / tps if tps > 0 else None})
+    return rows
+
+
+def steady_step_ms(decode_lines: list[dict], batch: int):
+    """Median decode step at `batch` running requests. The first line of each
+    run of lines with the same batch is dropped: its interval started before
+    the batch did (prefill, idle time between cases)."""
+    steps, previous = [], None
+    for row in decode_lines:
+        if (row["running"] == batch and previous == batch and row["queue"] == 0
+                and row["step_ms"] is not None):
+            steps.append(row["step_ms"])
+        previous = row["running"]
+    return statistics.median(steps) if steps else None
+
+
+# --- greedy parity -----------------------------------------------------------
+
+def parity_prompts(n: int, length: int, seed: int = 1234, low: int = 10, high: int = 30000):
+    rng = random.Random(seed)
+    return [[rng.randrange(low, high) for _ in range(length)] for _ in range(n)]
+
+
+def parse_generate_outputs(response) -> list[dict]:
+    """/generate (batch, return_logprob) -> [{ids, logprobs}] per prompt;
+    meta_info.output_token_logprobs holds (logprob, token_id, text) triples."""
+    outs = []
+    for item in response:
+        triples = item["meta_info"]["output_token_logprobs"]
+        outs.append({"ids": [int(t[1]) for t in triples], "logprobs": [float(t[0]) for t in triples]})
+    return outs
+
+
+def compare_parity(stock: dict, replay: dict, *, model: str, checkpoint_dtype: str) -> dict:
+    """greedy_parity entry of e2e_decode.json (design/RESULTS.md). The first
+    divergence is the earliest position (then lowest prompt index) where the
+    greedy tokens differ; logprob_gap = |logprob of the stock token - logprob
+    of the replay token| there (both conditioned on the same prefix; a small
+    gap means a near-tie). Also: the largest logprob difference over the
+    positions before each prompt's divergence."""
+    s_out, r_out = stock["outputs"], replay["outputs"]
+    assert stock["prompts"] == replay["prompts"], "the two dumps used different prompts"
+    identical, first, max_diff = 0, None, 0.0
+    for p, (a, b) in enumerate(zip(s_out, r_out)):
+        n = min(len(a["ids"]), len(b["ids"]))
+        j = next((k for k in range(n) if a["ids"][k] != b["ids"][k]), None)
+        same_upto = n if j is None else j
+        for k in range(same_upto):
+            max_diff = max(max_diff, abs(a["logprobs"][k] - b["logprobs"][k]))
+        if j is None and len(a["ids"]) == len(b["ids"]):
+            identical += 1
+            continue
+        if j is None:  # one is a prefix of the other
+            j, gap = n, None
+        else:
+            gap = abs(a["logprobs"][j] - b["logprobs"][j])
+        if first is None or (j, p) < (first["position"], first["prompt"]):
+            first = {"prompt": p, "position": j, "logprob_gap": gap}
+    return {"model": model, "checkpoint_dtype": checkpoint_dtype, "prompts": len(s_out),
+            "tokens": max((len(o["ids"]) for o in s_out), default=0),
+            "identical_prompts": identical, "first_divergence": first,
+            "max_logprob_diff_before_divergence": max_diff}
+
+
+# --- the server --------------------------------------------------------------
+
+def http_json(url: str, payload=None, timeout: float = 60.0):
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read().decode())
+
+
+class Server:
+    """launch_server in its own process group, log to a file, always killed."""
+
+    def __init__(self, cmd: list[str], log_path: str):
+        self.cmd, self.log_path, self.proc = cmd, log_path, None
+
+    def __enter__(self):
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        log(f"server pid {self.proc.pid}, log {self.log_path}")
+        return self
+
+    def wait_healthy(self, url: str, timeout_s: float) -> float:
+        start = time.monotonic()
+        last_note = start
+        while time.monotonic() - start < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode} after "
+                                   f"{time.monotonic() - start:.0f}s; see {self.log_path}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return time.monotonic() - start
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() - last_note > 30:
+                log(f"waiting for /health ({time.monotonic() - start:.0f}s)")
+                last_note = time.monotonic()
+            time.sleep(2)
+        raise TimeoutError(f"server not healthy after {timeout_s:.0f}s; see {self.log_path}")
+
+    def log_text(self) -> str:
+        self._log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def __exit__(self, *exc):
+        if self.proc is not None and self.proc.poll() is None:
+            for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self._log.close()
+        log(f"server stopped (rc {self.proc.returncode if self.proc else None})")
+
+
+def _raise_on_sigterm(signum, frame):
+    raise SystemExit(f"signal {signum}")  # unwinds through Server.__exit__
+
+
+# --- environment / header ----------------------------------------------------
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("GIT_COMMIT", "unknown")  # the GPU tree has no .git
+
+
+def environment() -> dict:
+    from importlib import metadata
+    versions = {}
+    for dist in ("torch", "triton", "sglang", "flashinfer-python", "sglang-kernel", "sglang-replayssm"):
+        try:
+            versions[dist.replace("-python", "")] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    gpu = "unknown"
+    try:
+        import torch
+        versions["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return {"git_commit": git_commit(), "gpu": gpu, "versions": versions,
+            "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def partial_path(partial_dir: str, model: str, label: str) -> str:
+    return os.path.join(partial_dir, f"e2e_{model}_{label}.json")
+
+
+# --- run one arm ---------------------------------------------------------------
+
+def check_openai(url: str) -> dict:
+    chat = http_json(url + "/v1/chat/completions", {
+        "model": "default", "messages": [{"role": "user", "content": "Hello! Who are you?"}],
+        "max_tokens": 16, "temperature": 0}, timeout=120)
+    comp = http_json(url + "/v1/completions", {
+        "model": "default", "prompt": "The capital of France is", "max_tokens": 16,
+        "temperature": 0}, timeout=120)
+    result = {"chat": chat["choices"][0]["message"]["content"],
+              "completions": comp["choices"][0]["text"],
+              "chat_tokens": chat["usage"]["completion_tokens"],
+              "completions_tokens": comp["usage"]["completion_tokens"]}
+    if result["chat_tokens"] < 1 or result["completions_tokens"] < 1:
+        raise RuntimeError(f"OpenAI endpoints returned no tokens: {result}")
+    return result
+
+
+def run_arm(args, arm: str, family: str, env: dict) -> dict:
+    label = arm_label(arm, args.checkpoint_dtype)
+    url = f"http://127.0.0.1:{args.port}"
+    tag = f"{args.model}_{label}"
+    os.makedirs(args.log_dir, exist_ok=True)
+    result_file = os.path.join(args.log_dir, f"bench_{tag}.jsonl")
+    if os.path.exists(result_file):
+        os.remove(result_file)  # bench_one_batch_server appends
+    launch = server_command(args.model_path, family, arm, port=args.port,
+                            buffer_len=args.buffer_len, checkpoint_dtype=args.checkpoint_dtype,
+                            extra_args=shlex.split(args.server_args))
+    bench = bench_command(args.model_path, url, batch_sizes=args.batch_sizes,
+                          input_len=args.input_len, output_len=args.output_len,
+                          result_file=result_file)
+    record = {"kind": "e2e_partial", "model": args.model, "family": family, "arm": label,
+              "checkpoint_dtype": args.checkpoint_dtype if arm == REPLAY_ARM else None,
+              "buffer_len": args.buffer_len if arm in (REPLAY_ARM, SGLANG_REPLAY_ARM) else None,
+              "command": " ".join(["python"] + [shlex.quote(a) for a in sys.argv]),
+              "launch_command": shlex.join(launch), "bench_command": shlex.join(bench),
+              **env, "rows": [], "parity": None, "error": None}
+    log(f"{tag}: launch: {shlex.join(launch)}")
+    try:
+        with Server(launch, os.path.join(args.log_dir, f"server_{tag}.log")) as server:
+            record["healthy_after_s"] = round(server.wait_healthy(url, args.health_timeout), 1)
+            log(f"{tag}: healthy after {record['healthy_after_s']}s")
+            record["openai_check"] = check_openai(url)
+            log(f"{tag}: chat + completions answered")
+            log_start = len(server.log_text())
+            log(f"{tag}: bench: {shlex.join(bench)}")
+            with open(os.path.join(args.log_dir, f"bench_{tag}.log"), "w") as bench_log:
+                proc = subprocess.run(bench, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, timeout=args.bench_timeout)
+                bench_log.write(proc.stdout)
+            log(f"{tag}: bench rc {proc.returncode}")
+            decode_lines = parse_decode_lines(server.log_text()[log_start:])
+            if os.path.exists(result_file):
+                with open(result_file) as f:
+                    cases = parse_bench_results(f.read())
+            else:
+                cases = parse_bench_stdout(proc.stdout)
+            for bs in args.batch_sizes:
+                if bs not in cases:
+                    continue
+                step = steady_step_ms(decode_lines, bs)
+                record["rows"].append({"batch": bs, **cases[bs],
+                                       "step_ms": None if step is None else round(step, 3)})
+                log(f"{tag}: batch {bs}: {cases[bs]['output_tok_s']:.1f} tok/s, "
+                    f"ITL {cases[bs]['itl_ms']:.2f} ms, step {step} ms")
+            if proc.returncode != 0 or len(record["rows"]) != len(args.batch_sizes):
+                record["error"] = (f"bench rc {proc.returncode}, batches measured "
+                                   f"{[r['batch'] for r in record['rows']]}: {proc.stdout[-1500:]}")
+            if args.parity:
+                prompts = parity_prompts(args.parity_prompts, args.input_len)
+                log(f"{tag}: greedy dump, {len(prompts)} prompts x {args.parity_tokens} tokens")
+                resp = http_json(url + "/generate", {
+                    "input_ids": prompts, "return_logprob": True,
+                    "sampling_params": {"temperature": 0.0, "max_new_tokens": args.parity_tokens,
+                                        "ignore_eos": True}}, timeout=args.bench_timeout)
+                record["parity"] = {"prompts": prompts, "outputs": parse_generate_outputs(resp)}
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the partial records what failed
+        record["error"] = f"{type(e).__name__}: {e}"
+        log(f"{tag}: FAILED: {record['error']}")
+    return record
+
+
+def cmd_run(args) -> int:
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    args.model_path = os.path.abspath(os.path.join(args.model_root, f"{args.model}-dummy"))
+    if not os.path.exists(os.path.join(args.model_path, "config.json")):
+        sys.exit(f"{args.model_path}/config.json missing: run scripts/make_model.py first")
+    family = model_family(args.model_path)
+    arms = args.arms or arms_for(family)
+    for arm in arms:
+        arm_flags(family, arm, args.buffer_len, args.checkpoint_dtype)  # fail fast on a bad arm
+    env = environment()
+    os.makedirs(args.partial_dir, exist_ok=True)
+    failed = 0
+    for arm in arms:
+        record = run_arm(args, arm, family, env)
+        path = partial_path(args.partial_dir, args.model, record["arm"])
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
+        log(f"wrote {path}" + (f" (error: {record['error'][:200]})" if record["error"] else ""))
+        failed += record["error"] is not None
+        if record["error"] and record["error"].startswith("SystemExit"):
+            break  # SIGTERM (the device time limit): no further arms
+    return 1 if failed else 0
+
+
+# --- merge ---------------------------------------------------------------------
+
+def load_partials(partial_dir: str) -> list[dict]:
+    records = []
+    for name in sorted(os.listdir(partial_dir)):
+        if name.startswith("e2e_") and name.endswith(".json"):
+            with open(os.path.join(partial_dir, name)) as f:
+                rec = json.load(f)
+            if rec.get("kind") == "e2e_partial":
+                records.append(rec)
+    return records
+
+
+def merge_rows(records: list[dict]) -> list[dict]:
+    """One row per (model, batch): the fastest stock arm measured is `stock`;
+    every stock arm and SGLang's built-in replay also get their own columns;
+    replayssm with a non-default checkpoint dtype gets replay_<dtype>_* keys."""
+    by_key: dict[tuple, dict[str, dict]] = {}
+    family = {}
+    for rec in records:
+        family[rec["model"]] = rec["family"]
+        for r in rec["rows"]:
+            key = (rec["model"], r["batch"], r["input_len"], r["output_len"])
+            by_key.setdefault(key, {})[rec["arm"]] = r
+    rows = []
+    for (model, batch, il, ol), arms in sorted(by_key.items()):
+        stock = {a[len("stock-"):]: r for a, r in arms.items() if a.startswith("stock-")}
+        replay = arms.get(REPLAY_ARM)
+        row = {"model": model, "batch": batch, "input_len": il, "output_len": ol}
+        best = max(stock, key=lambda b: stock[b]["output_tok_s"]) if stock else None
+        row["stock_backend"] = best
+        row["stock_tok_s"] = stock[best]["output_tok_s"] if best else None
+        row["replay_tok_s"] = replay["output_tok_s"] if replay else None
+        row["speedup"] = _ratio(row["replay_tok_s"], row["stock_tok_s"])
+        row["itl_ms"] = replay["itl_ms"] if replay else None
+        row["stock_itl_ms"] = stock[best]["itl_ms"] if best else None
+        row["step_ms"] = replay["step_ms"] if replay else None
+        row["stock_step_ms"] = stock[best]["step_ms"] if best else None
+        for b, r in sorted(stock.items()):
+            row[f"stock_{b}_tok_s"] = r["output_tok_s"]
+            row[f"speedup_vs_{b}"] = _ratio(row["replay_tok_s"], r["output_tok_s"])
+        if family[model] == "gdn":
+            sr = arms.get(SGLANG_REPLAY_ARM)
+            row["sglang_replay_tok_s"] = sr["output_tok_s"] if sr else None
+            row["speedup_vs_sglang_replay"] = _ratio(row["replay_tok_s"], row["sglang_replay_tok_s"])
+        for a, r in sorted(arms.items()):
+            if a.startswith(REPLAY_ARM + "-"):
+                dtype = a[len(REPLAY_ARM) + 1:]
+                row[f"replay_{dtype}_tok_s"] = r["output_tok_s"]
+                row[f"speedup_{dtype}"] = _ratio(r["output_tok_s"], row["stock_tok_s"])
+        rows.append(row)
+    return rows
+
+
+def _ratio(a, b):
+    return round(a / b, 4) if a and b else None
+
+
+def merge_parity(records: list[dict]) -> list[dict]:
+    """ReplaySSM dumps against the model's stock dump (stock-triton preferred:
+    SGLang's default backend), same prompts and server flags."""
+    entries = []
+    for model in sorted({r["model"] for r in records}):
+        dumps = {r["arm"]: r for r in records if r["model"] == model and r.get("parity")}
+        stock_arms = sorted((a for a in dumps if a.startswith("stock-")),
+                            key=lambda a: (a != "stock-triton", a))
+        if not stock_arms:
+            continue
+        for arm in sorted(a for a in dumps if a == REPLAY_ARM or a.startswith(REPLAY_ARM + "-")):
+            entry = compare_parity(dumps[stock_arms[0]]["parity"], dumps[arm]["parity"],
+                                   model=model, checkpoint_dtype=dumps[arm]["checkpoint_dtype"])
+            entry["stock_arm"] = stock_arms[0]
+            entries.append(entry)
+    return entries
+
+
+def merged_document(records: list[dict], command: str) -> dict:
+    commits = sorted({r["git_commit"] for r in records})
+    gpus = sorted({r["gpu"] for r in records})
+    return {
+        "command": command,
+        "git_commit": commits[0] if len(commits) == 1 else ",".join(commits),
+        "gpu": gpus[0] if len(gpus) == 1 else ",".join(gpus),
+        "versions": records[0]["versions"] if records else {},
+        "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "runs": [{k: r.get(k) for k in ("model", "arm", "command", "launch_command",
+                                        "bench_command", "git_commit", "created",
+                                        "healthy_after_s", "error")} for r in records],
+        "rows": merge_rows(records),
+        "greedy_parity": merge_parity(records),
+    }
+
+
+def _fmt(v, nd=1):
+    if v is None:
+        return "–"
+    return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
+
+
+def markdown(doc: dict) -> str:
+    lines = ["# End-to-end decode: ReplaySSM vs stock SGLang (served, dummy weights)", "",
+             f"`{doc['command']}` at {doc['git_commit'][:12]}, {doc['gpu']}, "
+             f"{', '.join(f'{k} {v}' for k, v in doc['versions'].items())}, {doc['created']}.",
+             "Output tok/s from `sglang.bench_one_batch_server` (random-ids, one batch); "
+             "step = median steady decode step from the server log. "
+             "Speedup = ReplaySSM tok/s / fastest stock tok/s.", ""]
+    for model in sorted({r["model"] for r in doc["rows"]}):
+        rows = [r for r in doc["rows"] if r["model"] == model]
+        extra = sorted({k for r in rows for k in r
+                        if (k.startswith("stock_") and k.endswith("_tok_s") and k != "stock_tok_s")
+                        or k == "sglang_replay_tok_s"
+                        or (k.startswith("replay_") and k.endswith("_tok_s") and k != "replay_tok_s")})
+        head = (["batch", "in/out", "stock", "stock tok/s", "ReplaySSM tok/s", "speedup",
+                 "ITL ms (stock)", "step ms (stock)"] + [k[:-len("_tok_s")] for k in extra])
+        lines += [f"## {model}", "", "| " + " | ".join(head) + " |",
+                  "|" + "---|" * len(head)]
+        for r in rows:
+            cells = [str(r["batch"]), f"{r['input_len']}/{r['output_len']}",
+                     r["stock_backend"] or "–", _fmt(r["stock_tok_s"]), _fmt(r["replay_tok_s"]),
+                     _fmt(r["speedup"], 3) + ("x" if r["speedup"] else ""),
+                     f"{_fmt(r['itl_ms'], 2)} ({_fmt(r['stock_itl_ms'], 2)})",
+                     f"{_fmt(r['step_ms'], 2)} ({_fmt(r['stock_step_ms'], 2)})"]
+            cells += [_fmt(r.get(k)) for k in extra]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if doc["greedy_parity"]:
+        lines += ["## Greedy parity (ReplaySSM vs stock, temperature 0)", "",
+                  "| model | checkpoint dtype | vs | prompts x tokens | identical | first divergence |",
+                  "|---|---|---|---|---|---|"]
+        for p in doc["greedy_parity"]:
+            fd = p["first_divergence"]
+            fd_text = "none" if fd is None else (
+                f"prompt {fd['prompt']} at token {fd['position']}, logprob gap "
+                f"{_fmt(fd['logprob_gap'], 4)}")
+            lines.append(f"| {p['model']} | {p['checkpoint_dtype']} | {p['stock_arm']} | "
+                         f"{p['prompts']} x {p['tokens']} | {p['identical_prompts']} | {fd_text} |")
+        lines.append("")
+    failed = [r for r in doc["runs"] if r["error"]]
+    if failed:
+        lines += ["Errors:", ""] + [f"- {r['model']} {r['arm']}: {r['error'][:300]}" for r in failed]
+    return "\n".join(lines) + "\n"
+
+
+def plot(doc: dict, path: str) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    models = sorted({r["model"] for r in doc["rows"]})
+    if not models:
+        return False
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        rows = [r for r in doc["rows"] if r["model"] == model]
+        series = sorted({k for r in rows for k in r if k.endswith("_tok_s") and k != "stock_tok_s"})
+        width = 0.8 / max(1, len(series))
+        for i, key in enumerate(series):
+            xs = [j + i * width for j in range(len(rows))]
+            ax.bar(xs, [r.get(key) or 0 for r in rows], width, label=key[:-len("_tok_s")])
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))])
+        ax.set_xticklabels([f"bs {r['batch']}" for r in rows])
+        ax.set_title(model)
+        ax.set_ylabel("output tok/s")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def cmd_merge(args) -> int:
+    records = load_partials(args.partial_dir)
+    if not records:
+        sys.exit(f"no e2e_*.json partials in {args.partial_dir}")
+    doc = merged_document(records, " ".join(["python"] + [shlex.quote(a) for a in sys.argv]))
+    os.makedirs(args.out_dir, exist_ok=True)
+    base = os.path.join(args.out_dir, "e2e_decode")
+    with open(base + ".json", "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(base + ".md", "w") as f:
+        f.write(markdown(doc))
+    plotted = plot(doc, base + ".png")
+    print(f"wrote {base}.json, {base}.md" + (", .png" if plotted else " (no matplotlib: no .png)"))
+    print(markdown(doc))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="serve one model, arm by arm, benchmark, write partial JSONs")
+    run.add_argument("--model", required=True,
+                     help="model name as in scripts/make_model.py, e.g. nemotron-h-8b (dir MODEL_ROOT/<name>-dummy)")
+    run.add_argument("--model-root", default=os.path.join(REPO, ".model"))
+    run.add_argument("--arms", nargs="+", metavar="ARM",
+                     help="arms to run in turn (default: all for the model's family: "
+                          "mamba2 stock-triton stock-flashinfer replayssm; "
+                          "gdn stock-triton sglang-replay replayssm)")
+    run.add_argument("--buffer-len", type=int, default=16,
+                     help="ReplaySSM buffer length (also SGLang's --linear-replayssm-cache-len)")
+    run.add_argument("--checkpoint-dtype", choices=CHECKPOINT_DTYPES, default="auto",
+                     help="--replayssm-checkpoint-dtype of the replayssm arm")
+    run.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
+    run.add_argument("--input-len", type=int, default=512)
+    run.add_argument("--output-len", type=int, default=256)
+    run.add_argument("--parity", action="store_true",
+                     help="also dump greedy tokens + logprobs (for greedy_parity in merge)")
+    run.add_argument("--parity-prompts", type=int, default=64)
+    run.add_argument("--parity-tokens", type=int, default=128)
+    run.add_argument("--server-args", default="",
+                     help="extra launch_server flags for every arm, one quoted string")
+    run.add_argument("--port", type=int, default=30000)
+    run.add_argument("--health-timeout", type=float, default=420.0, help="seconds")
+    run.add_argument("--bench-timeout", type=float, default=300.0, help="seconds")
+    run.add_argument("--partial-dir", default=DEFAULT_PARTIAL_DIR)
+    run.add_argument("--log-dir", default=os.environ.get("OUT") or os.path.join(REPO, "gpu-results"),
+                     help="server/bench logs (default $OUT, else gpu-results/)")
+    merge = sub.add_parser("merge", help="partials -> benchmarks/results/e2e_decode.{json,md,png}")
+    merge.add_argument("--partial-dir", default=DEFAULT_PARTIAL_DIR)
+    merge.add_argument("--out-dir", default=DEFAULT_RESULTS_DIR)
+    args = ap.parse_args(argv)
+    return cmd_run(args) if args.cmd == "run" else cmd_merge(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

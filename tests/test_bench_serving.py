@@ -1,0 +1,328 @@
+"""scripts/bench_serving.py, the parts that need no GPU: command lines per arm,
+parsing of bench_one_batch_server results and of the server log's decode
+lines, merging partials (fastest stock arm), greedy-parity comparison, and
+the JSON/Markdown written."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+import bench_serving as bs  # noqa: E402
+import make_model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    make_model.write_model_configs(str(root), ["nemotron-h-8b", "qwen3-next-80b"])
+    return {n: make_model.model_dir(str(root), n) for n in ("nemotron-h-8b", "qwen3-next-80b")}
+
+
+def _flag_value(cmd, flag):
+    return cmd[cmd.index(flag) + 1]
+
+
+def test_families_and_arms(models):
+    assert bs.model_family(models["nemotron-h-8b"]) == "mamba2"
+    assert bs.model_family(models["qwen3-next-80b"]) == "gdn"
+    assert bs.arms_for("mamba2") == ["stock-triton", "stock-flashinfer", "replayssm"]
+    assert bs.arms_for("gdn") == ["stock-triton", "sglang-replay", "replayssm"]
+    with pytest.raises(ValueError):
+        bs.arm_flags("mamba2", "sglang-replay", 16, "auto")
+
+
+def test_server_commands_differ_only_in_the_arm_flags(models):
+    path = models["nemotron-h-8b"]
+    cmds = {arm: bs.server_command(path, "mamba2", arm, port=30000, python="python3")
+            for arm in bs.arms_for("mamba2")}
+    common = cmds["stock-triton"][:-2]
+    assert cmds["stock-triton"][-2:] == ["--mamba-backend", "triton"]
+    assert cmds["stock-flashinfer"] == common + ["--mamba-backend", "flashinfer"]
+    assert cmds["replayssm"] == common + ["--enable-replayssm", "--replayssm-buffer-len", "16",
+                                          "--replayssm-checkpoint-dtype", "auto"]
+    for flag, value in [("--attention-backend", "flashinfer"), ("--load-format", "dummy"),
+                        ("--max-running-requests", "256"), ("--cuda-graph-max-bs-decode", "256"),
+                        ("--model-path", path)]:
+        assert _flag_value(common, flag) == value
+    assert "--disable-radix-cache" in common and "--disable-flashinfer-autotune" in common
+    assert common[:3] == ["python3", "-m", "sglang.launch_server"]
+
+
+def test_gdn_commands_and_extra_args(models):
+    path = models["qwen3-next-80b"]
+    extra = ["--disable-overlap-schedule"]
+    sg = bs.server_command(path, "gdn", "sglang-replay", port=1, buffer_len=8, extra_args=extra)
+    rp = bs.server_command(path, "gdn", "replayssm", port=1, buffer_len=8,
+                           checkpoint_dtype="bfloat16", extra_args=extra)
+    st = bs.server_command(path, "gdn", "stock-triton", port=1, extra_args=extra)
+    assert _flag_value(st, "--attention-backend") == "triton"
+    assert _flag_value(st, "--moe-runner-backend") == "triton"
+    assert _flag_value(st, "--linear-attn-decode-backend") == "triton"
+    assert sg[-4:] == ["--enable-linear-replayssm", "--linear-replayssm-cache-len", "8",
+                       "--disable-overlap-schedule"]
+    assert _flag_value(rp, "--replayssm-checkpoint-dtype") == "bfloat16"
+    assert rp[-1] == st[-1] == "--disable-overlap-schedule"
+    assert bs.arm_label("replayssm", "bfloat16") == "replayssm-bfloat16"
+    assert bs.arm_label("replayssm", "auto") == "replayssm"
+    assert bs.arm_label("stock-triton", "bfloat16") == "stock-triton"
+
+
+def test_bench_command():
+    cmd = bs.bench_command("/m", "http://127.0.0.1:30000", batch_sizes=[1, 64, 256],
+                           input_len=512, output_len=256, result_file="/o/r.jsonl", python="py")
+    assert cmd[:3] == ["py", "-m", "sglang.bench_one_batch_server"]
+    i = cmd.index("--batch-size")
+    assert cmd[i + 1:i + 4] == ["1", "64", "256"]
+    assert _flag_value(cmd, "--dataset-name") == "random-ids"
+    assert _flag_value(cmd, "--base-url") == "http://127.0.0.1:30000"
+    assert _flag_value(cmd, "--result-filename") == "/o/r.jsonl"
+
+
+# BenchOneCaseResult.dump_to_jsonl lines (sglang/benchmark/one_batch_server.py)
+BENCH_JSONL = """\
+{"run_name": "default", "batch_size": 1, "input_len": 512, "output_len": 256, "latency": 1.2354, "input_throughput": 27710.11, "output_throughput": 216.3, "overall_throughput": 621.69, "last_ttft": 0.0185, "last_gen_throughput": 215.8, "acc_length": -1, "cache_hit_rate": 0.0}
+{"run_name": "default", "batch_size": 64, "input_len": 512, "output_len": 256, "latency": 2.8051, "input_throughput": 99800.5, "output_throughput": 6599.0, "overall_throughput": 17521.3, "last_ttft": 0.3224, "last_gen_throughput": 6580.1, "acc_length": -1, "cache_hit_rate": 0.0}
+{"run_name": "default", "batch_size": 256, "input_len": 512, "output_len": 256, "latency": 9.0012, "input_throughput": 101000.0, "output_throughput": 8876.0, "overall_throughput": 21843.3, "last_ttft": 1.6180, "last_gen_throughput": 8840.2, "acc_length": -1, "cache_hit_rate": 0.0}
+"""
+
+# what run_one_case prints: the warm-up case (1024/16) first, then the measured one
+BENCH_STDOUT = """\
+======== Warmup Begin ========
+Warmup with batch_size=[64]
+batch size: 64
+input_len: 1024
+output_len: 16
+latency: 1.02 s
+input throughput: 80000.00 tok/s
+output throughput: 1500.00 tok/s
+last_ttft: 0.80 s
+last generation throughput: 1200.00 tok/s
+======== Warmup End   ========
+
+batch size: 64
+input_len: 512
+output_len: 256
+latency: 2.81 s
+input throughput: 99800.50 tok/s
+output throughput: 6599.00 tok/s
+last_ttft: 0.32 s
+last generation throughput: 6580.10 tok/s
+"""
+
+
+def test_parse_bench_results():
+    cases = bs.parse_bench_results(BENCH_JSONL)
+    assert sorted(cases) == [1, 64, 256]
+    assert cases[256]["output_tok_s"] == 8876.0
+    assert cases[256]["itl_ms"] == pytest.approx(1000 * 256 / 8876.0)  # 28.84, as the report
+    assert cases[1]["itl_ms"] == pytest.approx(4.623, abs=1e-3)
+    assert cases[64]["ttft_s"] == 0.3224 and cases[64]["input_len"] == 512
+
+
+def test_parse_bench_stdout_keeps_the_measured_case():
+    cases = bs.parse_bench_stdout(BENCH_STDOUT)
+    assert list(cases) == [64]
+    assert cases[64]["input_len"] == 512 and cases[64]["output_tok_s"] == 6599.0
+    assert cases[64]["itl_ms"] == pytest.approx(1000 * 64 / 6599.0)
+
+
+def _decode_line(running, tps, queue=0, graph="True"):
+    # metrics_reporter.report_decode_stats + pool_stats_observer (hybrid SSM parts)
+    return (f"[2026-12-02 10:00:00] Decode batch, #running-req: {running}, #full token: 1000, "
+            f"full token usage: 0.01, mamba num: {running}, mamba usage: 0.50, "
+            f"cuda graph: {graph}, gen throughput (token/s): {tps:.2f}, #queue-req: {queue}, ")
+
+
+def test_parse_decode_lines_and_steady_step():
+    log = "\n".join([
+        "[2026-12-02 10:00:00] Prefill batch, #new-seq: 64, #new-token: 32768, ...",
+        _decode_line(1, 30.00),      # first line of a bs-1 run: includes idle time, dropped
+        _decode_line(1, 216.00),     # 4.630 ms
+        _decode_line(1, 215.00),     # 4.651 ms
+        _decode_line(1, 214.00),     # 4.673 ms
+        _decode_line(64, 1000.00),   # dropped (first)
+        _decode_line(64, 6400.00),   # 10.0 ms
+        _decode_line(64, 8000.00),   # 8.0 ms
+        _decode_line(64, 6000.00, queue=3),  # requests waiting: not steady
+        "[2026-12-02 10:00:09 TP0] Decode batch [123], #running-req: 256, #token: 5, "
+        "token usage: 0.10, cuda graph: True, gen throughput (token/s): 9000.00, #queue-req: 0, ",
+        _decode_line(256, 9360.00),  # 27.35 ms
+    ])
+    lines = bs.parse_decode_lines(log)
+    assert [r["running"] for r in lines] == [1, 1, 1, 1, 64, 64, 64, 64, 256, 256]
+    assert lines[1]["step_ms"] == pytest.approx(1000 / 216)
+    assert lines[8]["cuda_graph"] is True
+    assert bs.steady_step_ms(lines, 1) == pytest.approx(1000 / 215)
+    assert bs.steady_step_ms(lines, 64) == pytest.approx(9.0)
+    assert bs.steady_step_ms(lines, 256) == pytest.approx(1000 * 256 / 9360)
+    assert bs.steady_step_ms(lines, 128) is None
+
+
+def _partial(model, family, arm, tok_s, parity=None, dtype=None, **extra):
+    return {"kind": "e2e_partial", "model": model, "family": family, "arm": arm,
+            "checkpoint_dtype": dtype, "command": f"python scripts/bench_serving.py run --arms {arm}",
+            "launch_command": f"python -m sglang.launch_server {arm}", "bench_command": "b",
+            "git_commit": "abc123", "gpu": "NVIDIA H200",
+            "versions": {"torch": "2.11.0", "sglang": "0.5.17"}, "created": "2026-12-03T10:00:00Z",
+            "healthy_after_s": 60.0, "error": None, "parity": parity,
+            "rows": [{"batch": b, "input_len": 512, "output_len": 256, "output_tok_s": t,
+                      "itl_ms": 1000 * b / t, "step_ms": 1000 * b / t, "latency_s": 1.0,
+                      "ttft_s": 0.1} for b, t in tok_s.items()], **extra}
+
+
+def _dump(ids_per_prompt, lps_per_prompt):
+    return {"prompts": [[7, 8]] * len(ids_per_prompt),
+            "outputs": [{"ids": i, "logprobs": l} for i, l in zip(ids_per_prompt, lps_per_prompt)]}
+
+
+STOCK_DUMP = _dump([[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]],
+                   [[-0.1, -0.2, -0.3, -0.4], [-0.5, -0.6, -0.7, -0.8], [-1.0, -1.0, -1.0, -1.0]])
+REPLAY_DUMP = _dump([[1, 2, 3, 4], [5, 6, 0, 1], [9, 9, 9, 2]],
+                    [[-0.1, -0.2001, -0.3, -0.4], [-0.5, -0.6, -0.75, -0.1], [-1.0, -1.0, -1.0, -3.0]])
+
+
+def test_compare_parity_finds_the_first_divergence():
+    e = bs.compare_parity(STOCK_DUMP, REPLAY_DUMP, model="m", checkpoint_dtype="float32")
+    assert e["prompts"] == 3 and e["tokens"] == 4 and e["identical_prompts"] == 1
+    assert e["first_divergence"]["prompt"] == 1 and e["first_divergence"]["position"] == 2
+    assert e["first_divergence"]["logprob_gap"] == pytest.approx(0.05)
+    assert e["max_logprob_diff_before_divergence"] == pytest.approx(1e-4)
+    same = bs.compare_parity(STOCK_DUMP, STOCK_DUMP, model="m", checkpoint_dtype="auto")
+    assert same["identical_prompts"] == 3 and same["first_divergence"] is None
+    with pytest.raises(AssertionError):
+        bs.compare_parity(STOCK_DUMP, dict(REPLAY_DUMP, prompts=[[1]] * 3), model="m",
+                          checkpoint_dtype="auto")
+
+
+def test_parse_generate_outputs():
+    resp = [{"text": "ab", "meta_info": {"output_token_logprobs": [[-0.5, 11, None], [-1.5, 12, None]]}}]
+    assert bs.parse_generate_outputs(resp) == [{"ids": [11, 12], "logprobs": [-0.5, -1.5]}]
+
+
+def _records():
+    return [
+        _partial("nemotron-h-8b", "mamba2", "stock-triton", {1: 216.3, 256: 8876.0}, parity=STOCK_DUMP),
+        _partial("nemotron-h-8b", "mamba2", "stock-flashinfer",
+                 {1: 216.4, 256: 10813.0}),
+        _partial("nemotron-h-8b", "mamba2", "replayssm", {1: 220.0, 256: 13000.0},
+                 parity=REPLAY_DUMP, dtype="auto"),
+        _partial("nemotron-h-8b", "mamba2", "replayssm-bfloat16", {256: 14000.0}, dtype="bfloat16"),
+        _partial("qwen3-next-80b", "gdn", "stock-triton", {256: 9464.0}),
+        _partial("qwen3-next-80b", "gdn", "sglang-replay", {256: 10129.0}),
+        _partial("qwen3-next-80b", "gdn", "replayssm", {256: 11000.0}, dtype="auto"),
+    ]
+
+
+def test_merge_picks_the_fastest_stock_arm_per_row():
+    rows = {(r["model"], r["batch"]): r for r in bs.merge_rows(_records())}
+    nb1, nb256 = rows[("nemotron-h-8b", 1)], rows[("nemotron-h-8b", 256)]
+    assert nb1["stock_backend"] == "flashinfer" and nb1["stock_tok_s"] == 216.4
+    assert nb256["stock_backend"] == "flashinfer" and nb256["stock_tok_s"] == 10813.0
+    assert nb256["replay_tok_s"] == 13000.0
+    assert nb256["speedup"] == pytest.approx(13000 / 10813, abs=1e-4)
+    assert nb256["speedup_vs_triton"] == pytest.approx(13000 / 8876, abs=1e-4)
+    assert nb256["speedup_vs_flashinfer"] == nb256["speedup"]
+    assert nb256["stock_triton_tok_s"] == 8876.0 and nb256["stock_flashinfer_tok_s"] == 10813.0
+    assert nb256["itl_ms"] == pytest.approx(1000 * 256 / 13000)
+    assert nb256["stock_itl_ms"] == pytest.approx(1000 * 256 / 10813)
+    assert nb256["replay_bfloat16_tok_s"] == 14000.0
+    assert nb256["speedup_bfloat16"] == pytest.approx(14000 / 10813, abs=1e-4)
+    assert "sglang_replay_tok_s" not in nb256 and "replay_bfloat16_tok_s" not in nb1
+    q = rows[("qwen3-next-80b", 256)]
+    assert q["stock_backend"] == "triton" and q["stock_tok_s"] == 9464.0
+    assert q["sglang_replay_tok_s"] == 10129.0
+    assert q["speedup_vs_sglang_replay"] == pytest.approx(11000 / 10129, abs=1e-4)
+    assert q["speedup"] == pytest.approx(11000 / 9464, abs=1e-4)
+
+
+def test_merge_without_a_replay_run_leaves_speedups_empty():
+    rows = bs.merge_rows([_partial("m", "mamba2", "stock-triton", {64: 100.0})])
+    assert rows[0]["stock_backend"] == "triton"
+    assert rows[0]["replay_tok_s"] is None and rows[0]["speedup"] is None
+
+
+def test_merge_writes_json_md_and_header(tmp_path):
+    partial_dir, out_dir = tmp_path / "partial", tmp_path / "results"
+    partial_dir.mkdir()
+    for rec in _records():
+        with open(bs.partial_path(str(partial_dir), rec["model"], rec["arm"]), "w") as f:
+            json.dump(rec, f)
+    (partial_dir / "notes.json").write_text("{}")  # ignored: not an e2e_ partial
+    assert bs.main(["merge", "--partial-dir", str(partial_dir), "--out-dir", str(out_dir)]) == 0
+    doc = json.loads((out_dir / "e2e_decode.json").read_text())
+    for key in ("command", "git_commit", "gpu", "versions", "created", "rows", "greedy_parity"):
+        assert key in doc
+    assert doc["git_commit"] == "abc123" and doc["gpu"] == "NVIDIA H200"
+    assert doc["versions"]["sglang"] == "0.5.17"
+    assert len(doc["rows"]) == 3 and len(doc["runs"]) == 7
+    assert all(r["launch_command"].startswith("python -m sglang.launch_server") for r in doc["runs"])
+    (parity,) = doc["greedy_parity"]
+    assert parity["model"] == "nemotron-h-8b" and parity["checkpoint_dtype"] == "auto"
+    assert parity["stock_arm"] == "stock-triton" and parity["identical_prompts"] == 1
+    assert parity["first_divergence"] == {"prompt": 1, "position": 2,
+                                          "logprob_gap": pytest.approx(0.05)}
+    md = (out_dir / "e2e_decode.md").read_text()
+    assert "## nemotron-h-8b" in md and "## qwen3-next-80b" in md
+    assert "| 256 | 512/256 | flashinfer | 10813.0 | 13000.0 | 1.202x |" in md
+    assert "prompt 1 at token 2" in md
+
+
+def test_git_commit_falls_back_to_env(monkeypatch, tmp_path):
+    monkeypatch.setattr(bs, "REPO", str(tmp_path))  # no .git there
+    monkeypatch.setenv("GIT_COMMIT", "deadbeef")
+    assert bs.git_commit() == "deadbeef"
+
+
+def test_run_rejects_an_unknown_arm_before_starting_anything(models, tmp_path):
+    root = os.path.dirname(models["nemotron-h-8b"])
+    with pytest.raises(ValueError, match="sglang-replay"):
+        bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms", "sglang-replay",
+                 "--partial-dir", str(tmp_path), "--log-dir", str(tmp_path)])
+    assert os.listdir(tmp_path) == []
+
+
+def test_server_is_killed_with_its_children_when_never_healthy(tmp_path):
+    log_path = tmp_path / "server.log"
+    server = bs.Server(["bash", "-c", "sleep 60 & echo started; sleep 60"], str(log_path))
+    with server:
+        with pytest.raises(TimeoutError):
+            server.wait_healthy("http://127.0.0.1:9", timeout_s=1)
+        child_group = server.proc.pid
+    assert server.proc.returncode is not None
+    deadline = time.monotonic() + 10  # the orphaned child is reaped by init, not by us
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(child_group, 0)
+        except ProcessLookupError:
+            break  # the whole process group is gone
+        time.sleep(0.1)
+    else:
+        pytest.fail("a process of the server's group survived")
+    assert "started" in log_path.read_text()
+
+
+def test_stock_arm_commands_parse_with_sglangs_own_arguments(models):
+    """Every flag of the stock arms is one SGLang 0.5.17's launch_server knows
+    (the replayssm arm's flags come from this package's plugin)."""
+    import argparse
+    server_args = pytest.importorskip("sglang.srt.server_args")
+    for name, family in (("nemotron-h-8b", "mamba2"), ("qwen3-next-80b", "gdn")):
+        for arm in bs.arms_for(family):
+            if arm == bs.REPLAY_ARM:
+                continue
+            parser = argparse.ArgumentParser()
+            server_args.ServerArgs.add_cli_args(parser)
+            ns = parser.parse_args(bs.server_command(models[name], family, arm, port=30000)[3:])
+            assert ns.load_format == "dummy" and ns.disable_radix_cache
+            assert ns.max_running_requests == 256 and ns.disable_flashinfer_autotune
+            assert ns.enable_linear_replayssm == (arm == bs.SGLANG_REPLAY_ARM)
+            if family == "mamba2":
+                assert ns.mamba_backend == arm[len("stock-"):]
+                assert ns.attention_backend == "flashinfer"
+            else:
+                assert ns.attention_backend == "triton" and ns.moe_runner_backend == "triton"

@@ -1,0 +1,81 @@
+"""scripts/make_model.py: every config parses through SGLang 0.5.17's own config
+classes (get_config) and gives the SSM state shape the script meant."""
+from __future__ import annotations
+
+import json
+import lzma
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+import make_model  # noqa: E402
+
+get_config = pytest.importorskip("sglang.srt.utils.hf_transformers_utils").get_config
+from sglang.srt.runtime_context import get_parallel  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    make_model.write_model_configs(str(root))
+    return str(root)
+
+
+def test_every_model_and_its_4layer_variant_exist():
+    names = set(make_model.MODELS)
+    for base in ("nemotron-h-8b", "nemotron-3-nano-4b", "qwen3-next-80b"):
+        assert base in names and f"{base}-4layer" in names
+    assert {"falcon-h1-4layer", "granite-4.0-h-4layer"} <= names
+
+
+@pytest.mark.parametrize("name", sorted(make_model.MODELS))
+def test_sglang_derives_the_intended_ssm_shape(model_root, name):
+    cfg_json, want = make_model.MODELS[name]
+    path = make_model.model_dir(model_root, name)
+    assert sorted(os.listdir(path)) == ["config.json", "generation_config.json"]
+    cfg = get_config(path, trust_remote_code=False)
+    assert cfg.architectures == cfg_json["architectures"]
+    with get_parallel().override(attn_tp_size=1):
+        params = cfg.mamba2_cache_params
+    shape = params.shape
+    assert shape.temporal == (want["heads"], want["head_dim"], want["state"])
+    # conv channels = x (heads * head_dim) + B and C (2 * groups * state)
+    assert shape.conv_dim == want["heads"] * want["head_dim"] + 2 * want["groups"] * want["state"]
+    assert shape.num_k_heads_per_tp == want["groups"]
+    assert len(list(params.layers)) == want["layers"]
+    assert cfg.vocab_size == make_model.VOCAB
+    if cfg_json["model_type"] == "nemotron_h":
+        # the mixer reads mamba_n_groups, the cache params n_groups (SGLANG_0517.md 3.2)
+        assert cfg.mamba_n_groups == cfg.n_groups == want["groups"]
+        assert cfg.conv_kernel == 4
+    if cfg_json["model_type"] == "qwen3_next":
+        assert cfg.linear_num_key_heads == want["groups"]
+
+
+def test_real_layer_counts():
+    # the full-size configs keep the real layer patterns
+    assert make_model.MODELS["nemotron-h-8b"][0]["hybrid_override_pattern"].count("*") == 4
+    assert len(make_model.MODELS["nemotron-h-8b"][0]["hybrid_override_pattern"]) == 52
+    assert len(make_model.MODELS["nemotron-3-nano-4b"][0]["hybrid_override_pattern"]) == 42
+    assert make_model.MODELS["qwen3-next-80b"][0]["num_hidden_layers"] == 48
+    assert make_model.MODELS["qwen3-next-80b"][0]["num_experts"] == 64
+
+
+def test_tiny_tokenizer_is_deterministic_and_loads(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    corpus = ["the quick brown fox jumps over the lazy dog " * 20, "def f(x): return x + 1\n" * 20]
+    dirs = []
+    for run in ("a", "b"):
+        d = tmp_path / run
+        assert make_model.make_tokenizer(str(d), vocab_size=400, corpus=iter(corpus)) <= 400
+        dirs.append(d)
+    blobs = [lzma.open(d / "tokenizer.json.xz").read() for d in dirs]
+    assert blobs[0] == blobs[1]
+    (dirs[0] / "tokenizer.json").write_bytes(blobs[0])  # what device_setup.sh does
+    tok = transformers.AutoTokenizer.from_pretrained(str(dirs[0]))
+    assert len(tok) == 400
+    ids = tok.encode("the lazy fox")
+    assert tok.decode(ids) == "the lazy fox"
+    assert json.load(open(dirs[0] / "tokenizer_config.json"))["eos_token"] == "</s>"
