@@ -13,6 +13,8 @@ import os
 from typing import Mapping, MutableMapping, Optional
 
 ENV_PREFIX = "SGLANG_REPLAYSSM_"
+# Set by the launcher from the model config: "mamba2" | "gdn" (see sglang_hooks.model_family).
+FAMILY_ENV = ENV_PREFIX + "FAMILY"
 CHECKPOINT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 FOLD_DTYPES = (None, "float32")
 

@@ -75,13 +75,12 @@ from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
 from sglang.srt.mem_cache.memory_pool import MambaPool, get_tensor_size_bytes
 from sglang.srt.platforms import current_platform
 
-from sglang_replayssm.config import ReplayConfig
+from sglang_replayssm.config import FAMILY_ENV, ReplayConfig
 from sglang_replayssm.kernels.cursors import required_capacity
 
 __all__ = ["ReplayMambaPool", "FAMILIES", "detect_family", "replay_dims"]
 
 FAMILIES = ("mamba2", "gdn")
-FAMILY_ENV = "SGLANG_REPLAYSSM_FAMILY"
 GB = 1024**3
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

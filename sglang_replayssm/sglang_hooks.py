@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 
-from sglang_replayssm.config import CHECKPOINT_DTYPES, ReplayConfig
+from sglang_replayssm.config import CHECKPOINT_DTYPES, FAMILY_ENV, ReplayConfig
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -131,26 +131,109 @@ def install_cli_hooks() -> None:
         config = config_from_namespace(args)
         server_args = original_from(cls, args)
         if config.enabled:
-            validate_against_server_args(config, server_args)
-            install_replay_hooks(config)  # raises until stages b-d land
-            # Children (spawned schedulers) read the config back from env.
-            config.to_env()
+            prepare_launch(config, server_args)
         return server_args
 
     _patch(ServerArgs, "add_cli_args", staticmethod(add_cli_args))
     _patch(ServerArgs, "from_cli_args", classmethod(from_cli_args))
 
 
-def install_replay_hooks(config: ReplayConfig) -> None:
-    """Pool and backend hooks (issue 5 stages b-d): not written yet.
+# --------------------------------------------------------------------------
+# Which SSM family the served model has (launcher side).
+# The pool is built (kv_cache_configurator.py:777) before the attention
+# backend is chosen (attention_registry.py:415-461), so the family is decided
+# here from the HF config with SGLang's own config classes (the ones
+# srt/configs/hybrid_arch.py:48-98 dispatches on) and exported to the
+# scheduler processes.
+# --------------------------------------------------------------------------
 
-    Fail loudly rather than serve with stock kernels under a flag that says
-    otherwise.
+
+def model_family(hf_config) -> str:
+    """'mamba2' or 'gdn' for a model ReplaySSM supports; ValueError otherwise."""
+    from sglang.srt.configs import (FalconH1Config, GraniteMoeHybridConfig, NemotronHConfig,
+                                    Qwen3_5Config, Qwen3_5MoeConfig, Qwen3NextConfig)
+
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    if isinstance(text, (Qwen3NextConfig, Qwen3_5Config, Qwen3_5MoeConfig)):
+        return "gdn"
+    if isinstance(hf_config, (NemotronHConfig, FalconH1Config)):
+        return "mamba2"
+    if isinstance(hf_config, GraniteMoeHybridConfig) and "mamba" in (
+            getattr(hf_config, "layer_types", None) or []):
+        return "mamba2"
+    archs = getattr(hf_config, "architectures", None) or [type(hf_config).__name__]
+    raise ValueError(
+        f"--enable-replayssm: {archs[0]} has no Mamba-2 or Gated DeltaNet layers ReplaySSM "
+        "supports (Mamba-2: NemotronH, FalconH1, GraniteMoeHybrid; GDN: Qwen3-Next, "
+        "Qwen3.5); drop the flag to serve it with stock SGLang")
+
+
+def prepare_launch(config: ReplayConfig, server_args) -> str:
+    """Launcher side of --enable-replayssm: validate the flags against the
+    server arguments and the model, then export the configuration for the
+    spawned scheduler processes (sglang/srt/entrypoints/engine.py:1670 uses
+    spawn; their plugin load installs the pool and backend hooks)."""
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    validate_against_server_args(config, server_args)
+    hf_config = get_config(server_args.model_path,
+                           trust_remote_code=server_args.trust_remote_code,
+                           revision=getattr(server_args, "revision", None))
+    family = model_family(hf_config)
+    config.to_env()
+    os.environ[FAMILY_ENV] = family
+    logger.info("ReplaySSM: %s layers, buffer_len=%d, checkpoint dtype %s, fold copy %s",
+                family, config.buffer_len, config.checkpoint_dtype, config.fold_dtype or "none")
+    return family
+
+
+# --------------------------------------------------------------------------
+# Pool, backends, the Mamba-2 state update and the capacity solver
+# (scheduler processes).
+# --------------------------------------------------------------------------
+
+
+def install_replay_hooks(config: ReplayConfig) -> None:
+    """Install every serving hook of ReplaySSM (idempotent):
+
+    * srt/mem_cache/memory_pool.py:1139 ``HybridReqToTokenPool.mamba_pool_cls``
+      -> :class:`ReplayMambaPool` bound to ``config`` and the family;
+    * srt/layers/attention/attention_registry.py:362-370 imports
+      ``Mamba2AttnBackend`` / ``GDNAttnBackend`` from their modules inside
+      ``attn_backend_wrapper``: the module attributes become our subclasses;
+    * srt/layers/attention/mamba/mamba.py:7-10 binds ``selective_state_update``
+      at import; ``MambaMixer2.forward`` (:739-752) calls it for decode rows;
+    * srt/configs/mamba_utils.py:116 ``mamba_cache_per_req`` is what the
+      capacity solver (srt/mem_cache/kv_cache_configurator.py:1839) charges
+      per slot: add the buffers, fold copy and cursors.
     """
-    raise NotImplementedError(
-        "--enable-replayssm: the ReplaySSM pool and attention backends are not "
-        "implemented yet (sglang_replayssm.pool / sglang_replayssm.backends)"
-    )
+    from sglang.srt.configs.mamba_utils import BaseLinearStateParams
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend
+    from sglang.srt.layers.attention.linear import gdn_backend
+    from sglang.srt.layers.attention.mamba import mamba as mamba_module
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+
+    from sglang_replayssm import backends
+    from sglang_replayssm.pool import ReplayMambaPool
+
+    config = config.validate()
+    family = os.environ.get(FAMILY_ENV) or None
+    pool_cls = ReplayMambaPool.with_config(config, family=family)
+    _patch(HybridReqToTokenPool, "mamba_pool_cls", pool_cls)
+    _patch(hybrid_linear_attn_backend, "Mamba2AttnBackend", backends.ReplayMamba2AttnBackend)
+    _patch(gdn_backend, "GDNAttnBackend", backends.ReplayGDNAttnBackend)
+    if (mamba_module, "selective_state_update") not in _ORIGINALS:
+        backends.set_stock_selective_state_update(mamba_module.selective_state_update)
+    _patch(mamba_module, "selective_state_update", backends.selective_state_update)
+
+    stock_per_req = BaseLinearStateParams.__dict__["mamba_cache_per_req"]
+
+    def mamba_cache_per_req(self) -> int:
+        return stock_per_req.fget(self) + pool_cls.extra_bytes_per_slot(self)
+
+    _patch(BaseLinearStateParams, "mamba_cache_per_req", property(mamba_cache_per_req))
+    logger.info("ReplaySSM hooks installed (family %s, buffer_len %d)", family or "auto",
+                config.buffer_len)
 
 
 def uninstall_all() -> None:

@@ -1,5 +1,6 @@
 """The flags, the launcher-side validation and the plugin's register()."""
 import argparse
+import os
 import types
 
 import pytest
@@ -15,11 +16,13 @@ from sglang_replayssm.config import ENV_PREFIX, ReplayConfig  # noqa: E402
 @pytest.fixture
 def hooks(monkeypatch):
     """Install the CLI hooks for one test and undo every patch afterwards."""
-    for key in ("ENABLED", "BUFFER_LEN", "CHECKPOINT_DTYPE", "FOLD_DTYPE"):
+    for key in ("ENABLED", "BUFFER_LEN", "CHECKPOINT_DTYPE", "FOLD_DTYPE", "FAMILY"):
         monkeypatch.delenv(ENV_PREFIX + key, raising=False)
     monkeypatch.setattr(plugin, "_registered", False)
     yield
     sglang_hooks.uninstall_all()
+    for key in [k for k in os.environ if k.startswith(ENV_PREFIX)]:
+        del os.environ[key]  # set by the code under test, not by monkeypatch
 
 
 def _parser():
@@ -81,15 +84,43 @@ def test_from_cli_args_stock_when_disabled(hooks, monkeypatch):
     assert ENV_PREFIX + "ENABLED" not in os.environ
 
 
-def test_from_cli_args_enabled_fails_until_backends_exist(hooks, monkeypatch):
+def test_from_cli_args_enabled_validates_and_exports(hooks, monkeypatch, tmp_path):
+    """The launcher validates the flags and the model, then exports the
+    configuration (and the model's SSM family) for the spawned schedulers."""
+    import json
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import make_model
+
+    monkeypatch.delenv(ENV_PREFIX + "FAMILY", raising=False)
+    (path,) = make_model.write_model_configs(str(tmp_path), ["qwen3-next-80b-4layer"])
     sglang_hooks.install_cli_hooks()
-    args = _parser().parse_args(["--model-path", "m", "--enable-replayssm"])
     monkeypatch.setattr(ServerArgs, "__init__", lambda self, **kw: self.__dict__.update(kw))
-    with pytest.raises(NotImplementedError, match="not implemented yet"):
-        ServerArgs.from_cli_args(args)
-    args = _parser().parse_args(["--model-path", "m", "--enable-replayssm", "--replayssm-buffer-len", "1"])
+    args = _parser().parse_args(["--model-path", path, "--enable-replayssm",
+                                 "--replayssm-buffer-len", "8"])
+    ServerArgs.from_cli_args(args)
+    assert os.environ[ENV_PREFIX + "ENABLED"] == "1"
+    assert os.environ[ENV_PREFIX + "BUFFER_LEN"] == "8"
+    assert os.environ[ENV_PREFIX + "FAMILY"] == "gdn"
+    assert ReplayConfig.from_env() == ReplayConfig(enabled=True, buffer_len=8)
+    for key in ("ENABLED", "BUFFER_LEN", "CHECKPOINT_DTYPE", "FOLD_DTYPE", "FAMILY"):
+        os.environ.pop(ENV_PREFIX + key)
+
+    args = _parser().parse_args(["--model-path", path, "--enable-replayssm",
+                                 "--replayssm-buffer-len", "1"])
     with pytest.raises(ValueError, match="--replayssm-buffer-len must be >= 2, got 1"):
         ServerArgs.from_cli_args(args)
+    llama = tmp_path / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 256}))
+    args = _parser().parse_args(["--model-path", str(llama), "--enable-replayssm"])
+    with pytest.raises(ValueError, match="has no Mamba-2 or Gated DeltaNet layers"):
+        ServerArgs.from_cli_args(args)
+    assert ENV_PREFIX + "ENABLED" not in os.environ
 
 
 _STOCK = dict(enable_linear_replayssm=False, enable_linear_replayssm_spec=False, speculative_algorithm=None,
@@ -115,3 +146,41 @@ def test_server_args_validation(override, message):
 
 def test_server_args_validation_accepts_stock():
     sglang_hooks.validate_against_server_args(ReplayConfig(enabled=True), types.SimpleNamespace(**_STOCK))
+
+
+def test_register_enabled_installs_and_uninstall_restores(hooks, monkeypatch):
+    """In a scheduler process (env exported by the launcher) register()
+    installs the pool, both backends, the Mamba-2 state-update dispatcher and
+    the capacity-solver charge; uninstall_all() restores SGLang."""
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+    from sglang.srt.layers.attention import hybrid_linear_attn_backend
+    from sglang.srt.layers.attention.linear import gdn_backend
+    from sglang.srt.layers.attention.mamba import mamba as mamba_module
+    from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool, MambaPool
+
+    from sglang_replayssm import backends
+    from sglang_replayssm.pool import ReplayMambaPool
+
+    stock_ssu = mamba_module.selective_state_update
+    params = Mamba2CacheParams(
+        shape=Mamba2StateShape.create(tp_world_size=1, intermediate_size=16 * 8, n_groups=2,
+                                      num_heads=16, head_dim=8, state_size=16, conv_kernel=4),
+        layers=[0, 2])
+    stock_bytes = params.mamba_cache_per_req
+    ReplayConfig(enabled=True, buffer_len=8).to_env()
+    monkeypatch.setenv(ENV_PREFIX + "FAMILY", "mamba2")
+    plugin.register()
+    pool_cls = HybridReqToTokenPool.mamba_pool_cls
+    assert issubclass(pool_cls, ReplayMambaPool) and pool_cls.replay_family == "mamba2"
+    assert pool_cls.replay_config.buffer_len == 8
+    assert hybrid_linear_attn_backend.Mamba2AttnBackend is backends.ReplayMamba2AttnBackend
+    assert gdn_backend.GDNAttnBackend is backends.ReplayGDNAttnBackend
+    assert mamba_module.selective_state_update is backends.selective_state_update
+    # per layer: x ring 16 heads x 8 entries x 8 (bf16) + B ring 2 x 8 x 16 (bf16)
+    # + dt ring 16 x 8 (fp32); + the two int32 cursors
+    extra = 2 * (16 * 8 * 8 * 2 + 2 * 8 * 16 * 2 + 16 * 8 * 4) + 8
+    assert params.mamba_cache_per_req == stock_bytes + extra
+    sglang_hooks.uninstall_all()
+    assert HybridReqToTokenPool.mamba_pool_cls is MambaPool
+    assert mamba_module.selective_state_update is stock_ssu
+    assert params.mamba_cache_per_req == stock_bytes

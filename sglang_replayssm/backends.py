@@ -1,0 +1,273 @@
+"""SGLang attention backends that decode Mamba-2 and GDN layers with ReplaySSM.
+
+Thin subclasses of SGLang 0.5.17's own backends: everything but the SSM state
+update is stock (projections, causal conv, gating, norms, prefill scans).
+They need the pool to be :class:`~sglang_replayssm.pool.ReplayMambaPool`;
+:mod:`sglang_replayssm.sglang_hooks` installs both.
+
+Per forward batch and SSM layer:
+
+* **extend / mixed** rows (prefill, chunked-prefill continuation, and for GDN
+  the decode rows of a mixed batch, which SGLang runs as one-token extends):
+  first fold each row's buffer into its checkpoint (``*_replay_flush``; rows
+  with an empty buffer cost nothing), so the stock chunk scan starts from the
+  exact state and writes its final state as the new checkpoint;
+* **decode** rows: the ReplaySSM decode kernel reads checkpoint + buffer,
+  appends the token and folds on the row's flush step.
+
+After the model's last SSM layer the cursors advance once for the whole
+model (``cursors.commit``): extend rows end with an empty buffer
+(``MODE_FLUSH``), decode rows by one token (``MODE_DECODE``). The commit
+reads the slot ids from the backend's metadata tensor, so it is recorded in
+the decode CUDA graph like the kernels; padded rows (slot -1) are untouched.
+
+Mamba-2 models call ``MambaMixer2.forward`` with the layer's cache and the
+mixer calls the module-level ``selective_state_update`` of SGLang's
+``mamba.py`` for its decode rows. The hook replaces that name with
+:func:`selective_state_update`, which routes to the ReplaySSM kernel while a
+:class:`ReplayMamba2AttnBackend` runs the layer (``_ACTIVE`` is set for the
+duration of one mixer call) and to SGLang's own function otherwise.
+GDN's decode goes through ``GDNAttnBackend.kernel_dispatcher.packed_decode``,
+which :class:`_ReplayGDNDispatcher` answers.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from contextlib import contextmanager
+from typing import Callable, Optional
+
+import torch
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
+from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+from sglang_replayssm.kernels.cursors import MODE_DECODE, MODE_FLUSH, commit
+from sglang_replayssm.kernels.gdn_replay import gdn_replay_decode, gdn_replay_flush
+from sglang_replayssm.kernels.mamba2_replay import mamba2_replay_decode, mamba2_replay_flush
+from sglang_replayssm.pool import ReplayMambaPool
+
+logger = logging.getLogger("sglang_replayssm")
+
+__all__ = ["ReplayMamba2AttnBackend", "ReplayGDNAttnBackend", "selective_state_update",
+           "set_stock_selective_state_update"]
+
+
+@dataclasses.dataclass
+class _ActiveLayer:
+    """The SSM layer a ReplaySSM backend is running right now."""
+
+    cache: ReplayMambaPool.State  # the layer's slice of the pool
+    pool: ReplayMambaPool
+
+
+_ACTIVE: Optional[_ActiveLayer] = None
+# SGLang's own selective_state_update (set by the hook that replaces it).
+_STOCK_SSU: Optional[Callable] = None
+
+
+def set_stock_selective_state_update(fn: Callable) -> None:
+    global _STOCK_SSU
+    _STOCK_SSU = fn
+
+
+@contextmanager
+def _running(layer: _ActiveLayer):
+    global _ACTIVE
+    previous, _ACTIVE = _ACTIVE, layer
+    try:
+        yield
+    finally:
+        _ACTIVE = previous
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
+                           dt_softplus=False, state_batch_indices=None, pad_slot_id=-1,
+                           out=None, disable_state_update=False, **verify_kwargs):
+    """Drop-in for SGLang's ``selective_state_update`` as ``mamba.py`` calls it.
+
+    Outside a ReplaySSM layer: SGLang's own function, unchanged. Inside:
+    ``mamba2_replay_decode`` on the layer's checkpoint and buffer (``state``,
+    the stock state tensor, is the layer's checkpoint and is not used
+    directly: with a fold copy the prefill path may hand the mixer that copy).
+    """
+    layer = _ACTIVE
+    if layer is None:
+        if _STOCK_SSU is None:
+            raise RuntimeError("sglang_replayssm: SGLang's selective_state_update was not "
+                               "recorded (install the hooks through sglang_hooks)")
+        return _STOCK_SSU(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
+                          state_batch_indices, pad_slot_id, out=out,
+                          disable_state_update=disable_state_update, **verify_kwargs)
+    if disable_state_update or x.dim() != 3:
+        raise NotImplementedError("ReplaySSM: speculative verification of Mamba-2 layers is "
+                                  "not wired into SGLang yet (--speculative-algorithm)")
+    if pad_slot_id != -1:
+        raise ValueError(f"ReplaySSM kernels mark padded rows with slot -1, got "
+                         f"pad_slot_id={pad_slot_id}")
+    c, pool = layer.cache, layer.pool
+    return mamba2_replay_decode(
+        c.temporal, c.x_buffer, c.B_buffer, c.dt_buffer, pool.fill, pool.origin,
+        state_batch_indices, x, dt, A, B, C, buffer_len=pool.buffer_len, D=D, z=z,
+        dt_bias=dt_bias, dt_softplus=dt_softplus, out=out,
+        checkpoint_fold=c.checkpoint_fold)
+
+
+class _ReplayStep:
+    """What both backends share: the pool, the last SSM layer, the commit."""
+
+    def __init__(self, req_to_token_pool, server_args, family: str):
+        pool = req_to_token_pool.mamba_pool
+        if not isinstance(pool, ReplayMambaPool):
+            raise RuntimeError(
+                f"--enable-replayssm: the mamba pool is {type(pool).__name__}, not "
+                "ReplayMambaPool (the pool hook was not installed in this process)")
+        if pool.family != family:
+            raise RuntimeError(f"--enable-replayssm: the pool was built for {pool.family!r} "
+                               f"layers but the model's SSM layers are {family!r}")
+        if not getattr(server_args, "disable_radix_cache", False) and \
+                getattr(server_args, "mamba_radix_cache_strategy", "no_buffer") != "no_buffer":
+            # extra_buffer snapshots the state tensor alone into track slots:
+            # the buffered tokens would be lost from the cached prefix.
+            raise ValueError(
+                "--enable-replayssm with the radix cache needs "
+                "--mamba-radix-cache-strategy no_buffer (which needs "
+                "--disable-overlap-schedule), or --disable-radix-cache; got "
+                f"--mamba-radix-cache-strategy {server_args.mamba_radix_cache_strategy}")
+        self.pool = pool
+        self.last_layer_id = max(req_to_token_pool.mamba_map)
+
+    def layer(self, req_to_token_pool, layer_id) -> _ActiveLayer:
+        return _ActiveLayer(req_to_token_pool.mamba2_layer_cache(layer_id), self.pool)
+
+    def commit(self, slots: torch.Tensor, mode: int) -> None:
+        p = self.pool
+        commit(p.fill, p.origin, slots, mode=mode, buffer_len=p.buffer_len,
+               capacity=p.capacity)
+
+
+def _log_enabled(family: str, pool: ReplayMambaPool, num_layers: int) -> None:
+    c = pool.mamba_cache
+    fold = c.checkpoint_fold
+    logger.info(
+        "ReplaySSM enabled for %d %s layers: buffer_len=%d (ring capacity %d), checkpoint %s%s, "
+        "%d slots, %.2f GB of buffers and cursors",
+        num_layers, "Mamba-2" if family == "mamba2" else "Gated DeltaNet", pool.buffer_len,
+        pool.capacity, str(c.temporal.dtype).replace("torch.", ""),
+        "" if fold is None else f" + fold copy {str(fold.dtype).replace('torch.', '')}",
+        pool.size, pool.replay_bytes() / 1024**3)
+
+
+class ReplayMamba2AttnBackend(Mamba2AttnBackend):
+    """Mamba2AttnBackend (the class NemotronH / FalconH1 / GraniteMoeHybrid
+    assert on) whose decode rows run the ReplaySSM kernels."""
+
+    def __init__(self, model_runner):
+        super().__init__(model_runner)
+        self.replay = _ReplayStep(self.req_to_token_pool, model_runner.server_args, "mamba2")
+        _log_enabled("mamba2", self.replay.pool, len(self.req_to_token_pool.mamba_map))
+
+    def forward(self, mixer, hidden_states, output, layer_id, forward_batch, mup_vector=None,
+                use_triton_causal_conv=False):
+        md = self.forward_metadata
+        if md.is_target_verify:
+            raise NotImplementedError("ReplaySSM: speculative verification is not wired into "
+                                      "SGLang yet")
+        if forward_batch.mamba_track_mask is not None:
+            raise NotImplementedError("ReplaySSM: mamba state tracking (radix extra_buffer) is "
+                                      "not supported")
+        use_triton_causal_conv = self._use_triton_causal_conv(use_triton_causal_conv)
+        layer = self.replay.layer(self.req_to_token_pool, layer_id)
+        cache, pool = layer.cache, layer.pool
+        n_p, n_d = md.num_prefills, md.num_decodes
+        slots = md.mamba_cache_indices
+        prefill_slots = slots[:n_p]
+        mixer_cache = cache
+        if n_p > 0:
+            # The scan starts from the checkpoint: fold what is buffered first.
+            mamba2_replay_flush(cache.temporal, cache.x_buffer, cache.B_buffer, cache.dt_buffer,
+                                pool.fill, pool.origin, prefill_slots, mixer.A,
+                                buffer_len=pool.buffer_len, checkpoint_fold=cache.checkpoint_fold)
+            if cache.checkpoint_fold is not None:
+                # the scan reads and writes the precise copy
+                mixer_cache = dataclasses.replace(cache, temporal=cache.checkpoint_fold)
+        with _running(layer):
+            mixer_out, _ = mixer.forward(
+                hidden_states=hidden_states, output=output, layer_cache=mixer_cache,
+                metadata=md, mup_vector=mup_vector,
+                use_triton_causal_conv=use_triton_causal_conv)
+        if n_p > 0 and cache.checkpoint_fold is not None:
+            idx = prefill_slots.long()
+            cache.temporal[idx] = cache.checkpoint_fold[idx].to(cache.temporal.dtype)
+        if layer_id == self.replay.last_layer_id:
+            if n_p > 0:
+                self.replay.commit(prefill_slots, MODE_FLUSH)
+            if n_d > 0:
+                self.replay.commit(slots[n_p:n_p + n_d], MODE_DECODE)
+        return mixer_out
+
+
+    @staticmethod
+    def _use_triton_causal_conv(requested: bool) -> bool:
+        # as Mamba2AttnBackend.forward: page-major state needs the stride-aware conv
+        from sglang.srt.runtime_context import get_memory
+
+        return requested or get_memory().enable_page_major_kv_layout
+
+
+class _ReplayGDNDispatcher:
+    """GDNKernelDispatcher whose packed decode is the ReplaySSM kernel;
+    every other kernel (extend, verify) is the wrapped stock dispatcher's."""
+
+    supports_packed_decode = True
+
+    def __init__(self, stock):
+        self._stock = stock
+
+    def __getattr__(self, name):
+        return getattr(self._stock, name)
+
+    def packed_decode(self, mixed_qkv, a, b, *, A_log, dt_bias, scale, ssm_states,
+                      cache_indices, num_v_heads, head_v_dim, **unused):
+        layer = _ACTIVE
+        if layer is None:
+            raise RuntimeError("ReplaySSM GDN decode called outside a ReplaySSM layer")
+        c, pool = layer.cache, layer.pool
+        out = gdn_replay_decode(
+            c.temporal, c.k_buffer, c.u_buffer, c.g_buffer, pool.fill, pool.origin,
+            cache_indices, mixed_qkv, a, b, A_log, dt_bias, scale,
+            buffer_len=pool.buffer_len, num_k_heads=c.k_buffer.shape[1])
+        return out.unsqueeze(0)  # [1, B, HV, V], the stock packed decode's layout
+
+
+class ReplayGDNAttnBackend(GDNAttnBackend):
+    """GDNAttnBackend (Qwen3-Next, Qwen3.5) whose decode runs the ReplaySSM kernels."""
+
+    def __init__(self, model_runner):
+        super().__init__(model_runner)
+        self.replay = _ReplayStep(self.req_to_token_pool, model_runner.server_args, "gdn")
+        self.kernel_dispatcher = _ReplayGDNDispatcher(self.kernel_dispatcher)
+        _log_enabled("gdn", self.replay.pool, len(self.req_to_token_pool.mamba_map))
+
+    def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        with _running(self.replay.layer(self.req_to_token_pool, layer.layer_id)):
+            out = super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        if layer.layer_id == self.replay.last_layer_id:
+            self.replay.commit(self.forward_metadata.mamba_cache_indices, MODE_DECODE)
+        return out
+
+    def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if forward_batch.forward_mode.is_target_verify():
+            raise NotImplementedError("ReplaySSM: speculative verification is not wired into "
+                                      "SGLang yet")
+        active = self.replay.layer(self.req_to_token_pool, layer.layer_id)
+        c, pool = active.cache, active.pool
+        slots = self.forward_metadata.mamba_cache_indices
+        # Every row of an extend batch (mixed decode rows included) goes
+        # through the chunk scan from the checkpoint: fold the buffer first.
+        gdn_replay_flush(c.temporal, c.k_buffer, c.u_buffer, c.g_buffer, pool.fill,
+                         pool.origin, slots, buffer_len=pool.buffer_len,
+                         num_k_heads=c.k_buffer.shape[1])
+        out = super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        if layer.layer_id == self.replay.last_layer_id:
+            self.replay.commit(slots, MODE_FLUSH)
+        return out

@@ -1,0 +1,393 @@
+"""The serving backends' cursor protocol, driven through SGLang's own pool on CPU.
+
+A scripted sequence of forward batches (prefill, decode across flushes, mixed
+prefill + decode, a chunked prefill whose last chunk is one token, padded
+rows, retraction through the CPU copy, a radix-style copy of an unflushed slot
+that then extends) runs through :class:`ReplayMamba2AttnBackend` and
+:class:`ReplayGDNAttnBackend` with the kernels under the Triton interpreter.
+Only the model layer is a stand-in: for Mamba-2 a mixer with
+``MambaMixer2.forward``'s contract (prefill rows scanned from
+``layer_cache.temporal``, final state written back; decode rows through the
+module-level ``selective_state_update`` the hook replaces); for GDN the stock
+``forward_decode`` / ``forward_extend`` bodies reduced to the SSM call. Every
+output is compared with a float64 eager recurrence per request.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.layers.attention.hybrid_linear_attn_backend")
+
+from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool  # noqa: E402
+
+from sglang_replayssm import backends, reference  # noqa: E402
+from sglang_replayssm.config import ReplayConfig  # noqa: E402
+from sglang_replayssm.pool import ReplayMambaPool  # noqa: E402
+from test_pool import LAYERS, M2, GDN, gdn_params, mamba2_params, req  # noqa: E402
+
+SLOTS = 6
+L = 4  # small buffer: flushes every 4 decode steps
+TOL = dict(rtol=2e-4, atol=2e-5)
+
+
+def make_pool(monkeypatch, params, family, cfg):
+    monkeypatch.setattr(HybridReqToTokenPool, "mamba_pool_cls",
+                        ReplayMambaPool.with_config(cfg, family=family))
+    return HybridReqToTokenPool(
+        size=SLOTS, mamba_size=SLOTS, mamba_spec_state_size=SLOTS, max_context_len=64,
+        device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=LAYERS,
+        enable_mamba_extra_buffer=False, enable_overlap_schedule=False)
+
+
+def bf16(*shape, scale=1.0, g=None):
+    # activations enter the buffer in bf16: make them bf16-exact
+    return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).to(torch.float32)
+
+
+# ---------------------------------------------------------------- Mamba-2 --
+
+class StandInMixer:
+    """MambaMixer2.forward's contract on pre-split inputs.
+
+    ``hidden_states`` is a dict of the batch's tokens (prefill rows' tokens
+    first, then one token per decode row): x [t, H, P], dt [t, H], B/C [t, G, N].
+    """
+
+    def __init__(self, g):
+        H = M2["H"]
+        self.A = -torch.rand(H, generator=g) - 0.2
+        self.D = torch.randn(H, generator=g)
+        self.dt_bias = torch.randn(H, generator=g) * 0.3
+
+    def forward(self, *, hidden_states, output, layer_cache, metadata, mup_vector,
+                use_triton_causal_conv):
+        inp = hidden_states
+        H, P, N = M2["H"], M2["P"], M2["N"]
+        slots = metadata.mamba_cache_indices
+        n_p, n_d = metadata.num_prefills, metadata.num_decodes
+        state = layer_cache.temporal
+        outs, t = [], 0
+        for r in range(n_p):  # prefill rows: scan from the checkpoint, write the final state
+            s = int(slots[r])
+            h = state[s:s + 1].to(torch.float64).clone()
+            for _ in range(metadata.extend_lens[r]):
+                outs.append(reference.selective_state_update_ref(
+                    h, inp["x"][t:t + 1], inp["dt"][t:t + 1], self.A, inp["B"][t:t + 1],
+                    inp["C"][t:t + 1], self.D, dt_bias=self.dt_bias,
+                    state_batch_indices=torch.zeros(1, dtype=torch.int32))[0].float())
+                t += 1
+            state[s] = h[0].to(state.dtype)
+        if n_d:
+            from sglang.srt.layers.attention.mamba import mamba as mamba_module
+
+            x, dt = inp["x"][t:t + n_d], inp["dt"][t:t + n_d]
+            out = torch.empty(n_d, H, P)
+            # exactly as mamba.py:739-752 passes them
+            mamba_module.selective_state_update(
+                state, x, dt[:, :, None].expand(-1, -1, P),
+                self.A[:, None, None].expand(-1, P, N), inp["B"][t:t + n_d],
+                inp["C"][t:t + n_d], self.D[:, None].expand(-1, P), z=None,
+                dt_bias=self.dt_bias[:, None].expand(-1, P), dt_softplus=True,
+                state_batch_indices=slots[n_p:n_p + n_d], out=out)
+            outs.extend(out.unbind(0))
+        return torch.stack(outs), None
+
+
+class Truth:
+    """Float64 eager recurrence per request and layer."""
+
+    def __init__(self, layers, H, P, N):
+        self.h = {}
+        self.shape = (H, P, N)
+        self.layers = layers
+
+    def start(self, rid):
+        for lid in self.layers:
+            self.h[(rid, lid)] = torch.zeros(1, *self.shape, dtype=torch.float64)
+
+
+def mamba2_truth_step(truth, rid, lid, mixer, tok):
+    return reference.selective_state_update_ref(
+        truth.h[(rid, lid)], tok["x"][None], tok["dt"][None], mixer.A, tok["B"][None],
+        tok["C"][None], mixer.D, dt_bias=mixer.dt_bias,
+        state_batch_indices=torch.zeros(1, dtype=torch.int32))[0]
+
+
+def mamba2_token(g):
+    H, P, N, G = M2["H"], M2["P"], M2["N"], M2["G"]
+    return dict(x=bf16(H, P, g=g), dt=torch.randn(H, generator=g) * 0.5,
+                B=bf16(G, N, scale=0.5, g=g), C=bf16(G, N, scale=0.5, g=g))
+
+
+def stack(tokens):
+    return {k: torch.stack([t[k] for t in tokens]) for k in tokens[0]}
+
+
+@pytest.fixture
+def ssu_hook(monkeypatch):
+    from sglang.srt.layers.attention.mamba import mamba as mamba_module
+
+    monkeypatch.setattr(backends, "_STOCK_SSU", mamba_module.selective_state_update)
+    monkeypatch.setattr(mamba_module, "selective_state_update", backends.selective_state_update)
+
+
+class Harness:
+    """Drives a backend through scheduler-like steps and checks every output."""
+
+    def __init__(self, monkeypatch, family, cfg, seed):
+        self.g = torch.Generator().manual_seed(seed)
+        self.family = family
+        params = mamba2_params(torch.float32) if family == "mamba2" else gdn_params(torch.float32)
+        self.r2t = make_pool(monkeypatch, params, family, cfg)
+        self.pool = self.r2t.mamba_pool
+        server_args = SimpleNamespace(disable_radix_cache=True)
+        cls = backends.ReplayMamba2AttnBackend if family == "mamba2" else backends.ReplayGDNAttnBackend
+        be = cls.__new__(cls)  # the stock __init__ needs a ModelRunner; set what forward reads
+        be.req_to_token_pool = self.r2t
+        be.replay = backends._ReplayStep(self.r2t, server_args, family)
+        if family == "gdn":
+            be.kernel_dispatcher = backends._ReplayGDNDispatcher(SimpleNamespace())
+        monkeypatch.setattr(cls, "_use_triton_causal_conv", lambda self, flag: flag, raising=False)
+        self.be = be
+        if family == "mamba2":
+            self.layers = {lid: StandInMixer(self.g) for lid in LAYERS}
+            self.truth = Truth(LAYERS, M2["H"], M2["P"], M2["N"])
+        else:
+            self.layers = {lid: GDNLayer(lid, self.g) for lid in LAYERS}
+            self.truth = Truth(LAYERS, GDN["HV"], GDN["V"], GDN["K"])
+        self.reqs = {}
+        self.expected_fill = {}
+
+    # -- scheduler side --
+    def admit(self, rid):
+        r = req()
+        self.r2t.alloc([r])
+        # SGLang defers the clear to the forward stream (model_runner.py:1478-1524)
+        self.pool.clear_slots(torch.tensor([r.mamba_pool_idx]))
+        self.reqs[rid] = r
+        self.expected_fill[rid] = 0
+        self.truth.start(rid)
+        return r
+
+    def slot(self, rid):
+        return int(self.reqs[rid].mamba_pool_idx) if rid is not None else -1
+
+    def token(self):
+        return mamba2_token(self.g) if self.family == "mamba2" else gdn_token(self.g)
+
+    def step(self, prefill=(), decode=()):
+        """prefill: [(rid, n_tokens)], decode: [rid or None (= padded row)]."""
+        tokens, expect = [], []
+        for rid, n in prefill:
+            for _ in range(n):
+                tokens.append(self.token())
+        for rid in decode:
+            tokens.append(self.token())
+        slots = torch.tensor([self.slot(r) for r, _ in prefill] + [self.slot(r) for r in decode],
+                             dtype=torch.int32)
+        md = SimpleNamespace(mamba_cache_indices=slots, num_prefills=len(prefill),
+                             num_decodes=len(decode), is_target_verify=False,
+                             extend_lens=[n for _, n in prefill])
+        self.be.forward_metadata = md
+        for lid in LAYERS:
+            got = self.run_layer(lid, md, stack(tokens))
+            t = 0
+            rows = [(rid, n) for rid, n in prefill] + [(rid, 1) for rid in decode]
+            for rid, n in rows:
+                for _ in range(n):
+                    if rid is not None:
+                        want = self.truth_step(rid, lid, tokens[t])
+                        torch.testing.assert_close(got[t].double(), want, **TOL)
+                    t += 1
+        # the cursor protocol: extend rows end flushed; decode rows advance by
+        # one (GDN runs the decode rows of a mixed batch as extends)
+        for rid, _ in prefill:
+            self.expected_fill[rid] = 0
+        for rid in decode:
+            if rid is not None:
+                mixed_as_extend = self.family == "gdn" and prefill
+                self.expected_fill[rid] = 0 if mixed_as_extend else (
+                    self.expected_fill[rid] + 1) % L
+        for rid in self.reqs:
+            assert self.fill(rid) == self.expected_fill[rid], rid
+
+    def run_layer(self, lid, md, inp):
+        fb = SimpleNamespace(mamba_track_mask=None, forward_mode=SimpleNamespace(
+            is_target_verify=lambda: False))
+        if self.family == "mamba2":
+            return self.be.forward(self.layers[lid], inp, None, lid, fb)
+        layer = self.layers[lid]
+        if md.num_prefills:
+            return self.be.forward_extend(layer, fb, inp, None, None)
+        return self.be.forward_decode(layer, fb, inp, None, None)
+
+    def truth_step(self, rid, lid, tok):
+        if self.family == "mamba2":
+            return mamba2_truth_step(self.truth, rid, lid, self.layers[lid], tok)
+        return gdn_truth_step(self.truth, rid, lid, self.layers[lid], tok)
+
+    def unflushed(self, rid, others=()):
+        """Decode ``rid`` until its buffer holds something."""
+        while self.fill(rid) == 0:
+            self.step(decode=[rid, *others])
+
+    def fill(self, rid):
+        return int(self.pool.fill[self.slot(rid)])
+
+
+def scenario(h: Harness):
+    a, b = h.admit("a"), h.admit("b")
+    h.step(prefill=[("a", 3), ("b", 5)])
+    assert h.fill("a") == h.fill("b") == 0
+    for i in range(6):  # decode across a flush (L = 4), with a padded row
+        h.step(decode=["a", None, "b"])
+    # mixed batch: a new request's prefill beside two decoding ones with
+    # partly filled buffers
+    h.admit("c")
+    h.step(prefill=[("c", 2)], decode=["a", "b"])
+    # chunked prefill whose last chunk is one token
+    h.admit("d")
+    h.step(prefill=[("d", 3)], decode=["a"])
+    h.step(prefill=[("d", 1)], decode=["b", "c"])
+    for _ in range(3):
+        h.step(decode=["a", "b", "c", "d"])
+    # retraction and resume through the CPU copy (unflushed buffer kept)
+    h.unflushed("b")
+    slot_b = torch.tensor([h.slot("b")])
+    saved = h.pool.get_cpu_copy(slot_b)
+    h.pool.clear_slots(slot_b)
+    h.pool.load_cpu_copy(saved, slot_b)
+    for _ in range(4):
+        h.step(decode=["b", "a"])
+    # radix-style reuse: an unflushed slot is copied (copy_from) and the copy
+    # then extends: the buffer must be folded before the scan
+    h.unflushed("a", others=["b"])
+    e = req()
+    h.r2t.alloc([e])
+    h.reqs["e"] = e
+    h.expected_fill["e"] = h.expected_fill["a"]
+    h.pool.copy_from(torch.tensor([h.slot("a")]), torch.tensor([h.slot("e")]))
+    for lid in LAYERS:
+        h.truth.h[("e", lid)] = h.truth.h[("a", lid)].clone()
+    h.step(prefill=[("e", 2)], decode=["a", "b"])
+    for _ in range(4):
+        h.step(decode=["e", None, "a", "c"])
+    # free and reuse a slot: the new request starts from a clean checkpoint
+    h.r2t.free_mamba_cache(h.reqs.pop("d"))
+    h.expected_fill.pop("d")
+    h.admit("f")
+    h.step(prefill=[("f", 2)], decode=["e"])
+    h.step(decode=["f", "e"])
+
+
+def test_mamba2_backend_protocol(monkeypatch, ssu_hook):
+    scenario(Harness(monkeypatch, "mamba2", ReplayConfig(buffer_len=L), seed=0))
+
+
+def test_mamba2_backend_protocol_fold_copy(monkeypatch, ssu_hook):
+    # bf16 checkpoint read by decode, fp32 fold copy carries the recurrence:
+    # outputs within bf16 rounding of the checkpoint, the state stays exact
+    cfg = ReplayConfig(buffer_len=L, checkpoint_dtype="bfloat16", fold_dtype="float32")
+    h = Harness(monkeypatch, "mamba2", cfg, seed=1)
+    monkeypatch.setitem(TOL, "rtol", 3e-2)
+    monkeypatch.setitem(TOL, "atol", 3e-2)
+    scenario(h)
+    c = h.pool.mamba_cache
+    live = [h.slot(r) for r in h.reqs]
+    for lid_i, lid in enumerate(LAYERS):
+        for rid in h.reqs:
+            if h.fill(rid) == 0:  # flushed: the fold copy is the state itself
+                torch.testing.assert_close(c.checkpoint_fold[lid_i, h.slot(rid)].double(),
+                                           h.truth.h[(rid, lid)][0], rtol=1e-4, atol=1e-5)
+    assert live
+
+
+def test_stock_selective_state_update_outside_replay_layers(monkeypatch, ssu_hook):
+    """Other models (or layers) in the process still get SGLang's function."""
+    seen = {}
+    monkeypatch.setattr(backends, "_STOCK_SSU", lambda *a, **k: seen.setdefault("called", True))
+    backends.selective_state_update(*([None] * 6))
+    assert seen == {"called": True}
+
+
+def test_radix_extra_buffer_is_refused(monkeypatch):
+    r2t = make_pool(monkeypatch, mamba2_params(), "mamba2", ReplayConfig(buffer_len=L))
+    args = SimpleNamespace(disable_radix_cache=False, mamba_radix_cache_strategy="extra_buffer")
+    with pytest.raises(ValueError, match="--mamba-radix-cache-strategy no_buffer"):
+        backends._ReplayStep(r2t, args, "mamba2")
+    with pytest.raises(RuntimeError, match="built for 'mamba2' layers"):
+        backends._ReplayStep(r2t, SimpleNamespace(disable_radix_cache=True), "gdn")
+    backends._ReplayStep(r2t, SimpleNamespace(disable_radix_cache=False,
+                                              mamba_radix_cache_strategy="no_buffer"), "mamba2")
+
+
+# -------------------------------------------------------------------- GDN --
+
+class GDNLayer:
+    """What GDNAttnBackend reads from a RadixLinearAttention layer."""
+
+    def __init__(self, layer_id, g):
+        HV = GDN["HV"]
+        self.layer_id = layer_id
+        self.A_log = torch.randn(HV, generator=g) * 0.5
+        self.dt_bias = torch.randn(HV, generator=g) * 0.3
+        self.head_k_dim = GDN["K"]
+        self.num_v_heads = HV
+        self.head_v_dim = GDN["V"]
+        self.num_k_heads = GDN["Hk"]
+
+
+def gdn_token(g):
+    Hk, K, HV, V = GDN["Hk"], GDN["K"], GDN["HV"], GDN["V"]
+    return dict(qkv=bf16(2 * Hk * K + HV * V, g=g), a=bf16(HV, g=g), b=bf16(HV, g=g))
+
+
+def _gdn_ref(h, layer, tok):
+    """One float64 packed-decode step of one request on state h [1, HV, V, K]."""
+    return reference.gdn_packed_decode_ref(
+        h, tok["qkv"][None], tok["a"][None], tok["b"][None], layer.A_log, layer.dt_bias,
+        GDN["K"] ** -0.5, torch.zeros(1, dtype=torch.int32), GDN["Hk"], GDN["HV"], GDN["K"],
+        GDN["V"])[0]
+
+
+def gdn_truth_step(truth, rid, lid, layer, tok):
+    return _gdn_ref(truth.h[(rid, lid)], layer, tok)
+
+
+@pytest.fixture
+def gdn_stock_bodies(monkeypatch):
+    """GDNAttnBackend's decode/extend reduced to their SSM call (no conv)."""
+
+    def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kw):
+        out = self.kernel_dispatcher.packed_decode(
+            mixed_qkv["qkv"], mixed_qkv["a"], mixed_qkv["b"], A_log=layer.A_log,
+            dt_bias=layer.dt_bias, scale=layer.head_k_dim ** -0.5,
+            ssm_states=None, cache_indices=self.forward_metadata.mamba_cache_indices,
+            num_v_heads=layer.num_v_heads, head_v_dim=layer.head_v_dim)
+        return out[0]
+
+    def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kw):
+        # chunk scan from the checkpoint (initial_state=ssm_states), final state written back
+        md = self.forward_metadata
+        state = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id).temporal
+        outs, t = [], 0
+        lens = list(md.extend_lens) + [1] * md.num_decodes
+        for r, n in enumerate(lens):
+            s = int(md.mamba_cache_indices[r])
+            h = state[s:s + 1].to(torch.float64).clone()
+            for _ in range(n):
+                outs.append(_gdn_ref(h, layer, {k: v[t] for k, v in mixed_qkv.items()}).float())
+                t += 1
+            state[s] = h[0].to(state.dtype)
+        return torch.stack(outs)
+
+    monkeypatch.setattr(GDNAttnBackend, "forward_decode", forward_decode)
+    monkeypatch.setattr(GDNAttnBackend, "forward_extend", forward_extend)
+
+
+def test_gdn_backend_protocol(monkeypatch, gdn_stock_bodies):
+    scenario(Harness(monkeypatch, "gdn", ReplayConfig(buffer_len=L), seed=2))
