@@ -740,13 +740,16 @@ def prebuild_flashinfer(shapes, sdts):
 
 
 def git_commit():
+    # GIT_COMMIT first: the device copy of the tree may carry a stale .git
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         sha = subprocess.check_output(["git", "-C", ROOT, "rev-parse", "HEAD"], text=True).strip()
         dirty = subprocess.check_output(["git", "-C", ROOT, "status", "--porcelain",
                                          "--untracked-files=no"], text=True).strip()
         return sha + ("-dirty" if dirty else "")
     except Exception:
-        return os.environ.get("GIT_COMMIT", "unknown")
+        return "unknown"
 
 
 # --------------------------------------------------------------------------

@@ -312,6 +312,10 @@ def _raise_on_sigterm(signum, frame):
 # --- environment / header ----------------------------------------------------
 
 def git_commit() -> str:
+    # GIT_COMMIT first: the device copy of the tree may carry a stale .git
+    # (a run at 70e6961 recorded an older commit from it).
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=10)
@@ -319,7 +323,7 @@ def git_commit() -> str:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("GIT_COMMIT", "unknown")  # the GPU tree has no .git
+    return "unknown"
 
 
 def environment() -> dict:
