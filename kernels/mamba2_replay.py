@@ -26,22 +26,45 @@ buffer, so no program reads an entry another program of the same launch
 writes. One program handles (row, head, BLOCK_P slice of headdim); all P
 slices of a head and all heads of a group share their B/C reads through L2.
 
+Decode also has the ``split`` route (benchmarks/NOTES.md, design A/B/C):
+three launches per step, so that the checkpoint read does not wait on the
+cursor -> ring chain and no program carries the fold's registers:
+
+* (A) :func:`~sglang_replayssm.kernels.projection.project_state`:
+  proj = h_c C_q (fp32 scratch [b, H, P]), slot -> state tile -> reduce;
+* (B) ``_mamba2_split_outputs_kernel``: y from proj, the cursors and the
+  ring, then appends the token (x, B, dt) at position ``fill`` -- always, the
+  flushing token too (decode capacity is buffer_len, so the entry exists);
+* (C) ``_mamba2_split_fold_kernel``: persistent; folds the fill + 1 ring
+  entries of the rows whose flush rule fires, all others cost a cursor scan.
+
+The checkpoint and the ring end each step exactly as with the fused kernel
+(up to fp32 rounding), except that a decode flush leaves its token in a ring
+entry past the (then empty) buffer; ``cursors.commit`` is unchanged.
+
 The float64 oracles are in :mod:`sglang_replayssm.reference`.
 """
 from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, check, check_finite,
-                     check_live_cursors, check_pool, dot_precision, ring_positions, softplus)
+                     check_live_cursors, check_pool, dot_precision, interpreting, ring_positions,
+                     softplus)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
+from .projection import project_state
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush",
-           "ROUTES", "default_config", "default_route"]
+           "ROUTES", "SPLIT_ROUTES", "SplitConfig", "default_config", "default_route"]
 
-ROUTES = ("output_only", "reconstruct")
+ROUTES = ("output_only", "reconstruct", "split")
+# routes of three launches (projection, outputs, fold): MODE_DECODE only
+SPLIT_ROUTES = ("split",)
 
 
 @triton.jit
@@ -238,18 +261,251 @@ def _mamba2_replay_kernel(
 
 
 # --------------------------------------------------------------------------
+# split decode route: (A) projection, (B) outputs + append, (C) fold
+# --------------------------------------------------------------------------
+#
+# (A) is projection.project_state(checkpoint, slot_ids, C): proj = h_c C_q in
+# fp32, no cursor or ring access. (B) below never touches the state; (C)
+# works only for flushing rows, so the fold's registers (state tile, ring
+# tiles, dot accumulator) no longer size every decode program.
+
+
+@triton.jit
+def _mamba2_split_outputs_kernel(
+    proj_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
+    x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, A_ptr, D_ptr, dt_bias_ptr, out_ptr,
+    heads_per_group, headdim, dstate, capacity,
+    s_pr_row, s_pr_head,
+    s_xb_slot, s_xb_head, s_xb_pos,
+    s_bb_slot, s_bb_group, s_bb_pos,
+    s_db_slot, s_db_head,
+    s_x_row, s_x_head, s_dt_row, s_dt_head,
+    s_B_row, s_B_group, s_C_row, s_C_group,
+    s_z_row, s_z_head, s_o_row, s_o_head,
+    s_A, s_D, s_dtb,
+    HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+):
+    """(B) One program per (row, HEADS consecutive heads of one group): the
+    decode output from the projection and the ring, then the token's append.
+    No checkpoint access. B_s . C is computed once for the program's heads."""
+    row = tl.program_id(0)
+    head0 = tl.program_id(1) * HEADS
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    if slot < 0:  # padded row: nothing read, nothing written
+        return
+    row = row.to(tl.int64)
+    fill = tl.load(fill_ptr + slot)
+    origin = tl.load(origin_ptr + slot)
+    group = head0 // heads_per_group
+    offs_p = tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_p = offs_p < headdim
+    mask_n = offs_n < dstate
+    # positions [0, fill) = history in the ring, fill = this token
+    is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
+    ring_q = origin + fill  # where this token goes (always: capacity >= buffer_len)
+    ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
+
+    # B_s . C_q for the history and for this token, shared by the heads
+    C_q = tl.load(C_ptr + row * s_C_row + group * s_C_group + offs_n,
+                  mask=mask_n, other=0.0).to(tl.float32)
+    B_w = tl.load(B_ptr + row * s_B_row + group * s_B_group + offs_n, mask=mask_n, other=0.0)
+    Bs = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
+                 + offs_n[None, :], mask=is_hist[:, None] & mask_n[None, :], other=0.0)
+    cb = tl.sum(Bs.to(tl.float32) * C_q[None, :], axis=1)
+    cb_q = tl.sum(B_w.to(tl.float32) * C_q, axis=0)
+    if head0 % heads_per_group == 0:  # one program per group appends B
+        tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring_q * s_bb_pos + offs_n,
+                 B_w.to(bbuf_ptr.dtype.element_ty), mask=mask_n)
+
+    for j in range(HEADS):
+        head = head0 + j
+        A = tl.load(A_ptr + head * s_A).to(tl.float32)
+        dt_q = tl.load(dt_ptr + row * s_dt_row + head * s_dt_head).to(tl.float32)
+        if HAS_DT_BIAS:
+            dt_q += tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
+        if DT_SOFTPLUS:
+            dt_q = softplus(dt_q)
+        dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring,
+                       mask=is_hist, other=0.0)
+        dt = tl.where(is_hist, dt_h, tl.where(is_win, dt_q, 0.0))
+        cum = tl.cumsum(dt * A, axis=0)
+        cum_q = tl.sum(tl.where(is_win, cum, 0.0), axis=0)
+        # history weights; this token's own weight is dt_q (exp(0) = 1)
+        w = tl.where(is_hist, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt_h, 0.0) * cb
+        xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
+                     + offs_p[None, :], mask=is_hist[:, None] & mask_p[None, :], other=0.0)
+        x_w = tl.load(x_ptr + row * s_x_row + head * s_x_head + offs_p, mask=mask_p, other=0.0)
+        x_q = x_w.to(tl.float32)
+        proj = tl.load(proj_ptr + row * s_pr_row + head * s_pr_head + offs_p,
+                       mask=mask_p, other=0.0)
+        y = tl.exp(cum_q) * proj + tl.sum(xs.to(tl.float32) * w[:, None], axis=0) \
+            + (dt_q * cb_q) * x_q
+        if HAS_D:
+            y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
+        if HAS_Z:
+            zq = tl.load(z_ptr + row * s_z_row + head * s_z_head + offs_p,
+                         mask=mask_p, other=0.0).to(tl.float32)
+            y = y * zq * tl.sigmoid(zq)
+        tl.store(out_ptr + row * s_o_row + head * s_o_head + offs_p,
+                 y.to(out_ptr.dtype.element_ty), mask=mask_p)
+        # append, flush step included: (C) folds it from the ring
+        tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring_q * s_xb_pos + offs_p,
+                 x_w.to(xbuf_ptr.dtype.element_ty), mask=mask_p)
+        tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring_q, dt_q)
+
+
+@triton.jit
+def _mamba2_split_fold_kernel(
+    ckpt_ptr, fold_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr, fill_ptr, origin_ptr, slot_ptr, A_ptr,
+    batch, nheads, heads_per_group, headdim, dstate, buffer_len, capacity,
+    s_ck_slot, s_ck_head, s_ck_p,
+    s_xb_slot, s_xb_head, s_xb_pos,
+    s_bb_slot, s_bb_group, s_bb_pos,
+    s_db_slot, s_db_head, s_A,
+    ROWS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_FOLD_COPY: tl.constexpr, FOLD_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """(C) Persistent: every program scans the batch's cursors (ROWS rows at a
+    time, as a vector), enumerates the work items (flushing row, head, P
+    block) of the decode flush rule fill + 1 >= buffer_len, and folds items
+    pid, pid + nprog, ... of that list. A step without a flushing row costs
+    the cursor scan only. Each row folds its fill + 1 ring entries (the
+    history and the token (B) just appended)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_pblk = tl.cdiv(headdim, BLOCK_P)
+    per_row = nheads * n_pblk
+    offs_b = tl.arange(0, ROWS)
+    offs_p0 = tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_n = offs_n < dstate
+    # while loops, not range(): Triton 3.6's interpreter cannot take a runtime
+    # range bound under NumPy 2.4 (int() of a 1-element array)
+    done = pid * 0  # items enumerated in earlier chunks (item g goes to program g % nprog)
+    start = pid * 0
+    while start < batch:
+        rows = start + offs_b
+        slots = tl.load(slot_ptr + rows, mask=rows < batch, other=-1).to(tl.int64)
+        live = slots >= 0
+        fills = tl.load(fill_ptr + slots, mask=live, other=0)
+        flush = live & (fills + 1 >= buffer_len)
+        rank = tl.cumsum(flush.to(tl.int32), axis=0) - 1
+        n_items = tl.sum(flush.to(tl.int32), axis=0) * per_row
+        i = (pid - done % nprog + nprog) % nprog
+        while i < n_items:
+            k = i // per_row
+            rem = i - k * per_row
+            head = rem // n_pblk
+            pblk = rem - head * n_pblk
+            sel = flush & (rank == k)
+            slot = tl.sum(tl.where(sel, slots, 0), axis=0)
+            fill = tl.sum(tl.where(sel, fills, 0), axis=0)
+            origin = tl.load(origin_ptr + slot)
+            group = head // heads_per_group
+            offs_p = pblk * BLOCK_P + offs_p0
+            mask_p = offs_p < headdim
+            m_pn = mask_p[:, None] & mask_n[None, :]
+            ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p \
+                + offs_n[None, :]
+            if HAS_FOLD_COPY:  # the fold copy is the precise one
+                h = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+            else:
+                h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+            A = tl.load(A_ptr + head * s_A).to(tl.float32)
+            upto = offs_s <= fill
+            ring = origin + offs_s
+            ring = tl.where(ring >= capacity, ring - capacity, ring)
+            dt = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring,
+                         mask=upto, other=0.0)
+            total = tl.sum(dt * A, axis=0)
+            if FOLD_DOT:
+                cum = tl.cumsum(dt * A, axis=0)
+                xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head
+                             + ring[:, None] * s_xb_pos + offs_p[None, :],
+                             mask=upto[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+                Bs = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group
+                             + ring[:, None] * s_bb_pos + offs_n[None, :],
+                             mask=upto[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+                h = _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION)
+            else:
+                # FMA outer products, one ring entry at a time (no [S, P] / [S, N]
+                # tiles, no dot accumulator layout)
+                h = h * tl.exp(total)
+                run = total * 0.0
+                s = fill * 0
+                while s <= fill:
+                    r = origin + s
+                    r = tl.where(r >= capacity, r - capacity, r)
+                    d = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + r)
+                    run += d * A
+                    ws = tl.exp(tl.minimum(total - run, 0.0)) * d
+                    xv = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + r * s_xb_pos
+                                 + offs_p, mask=mask_p, other=0.0).to(tl.float32)
+                    bv = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group
+                                 + r * s_bb_pos + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+                    h += (xv * ws)[:, None] * bv[None, :]
+                    s += 1
+            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
+            if HAS_FOLD_COPY:
+                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+            i += nprog
+        done += n_items
+        start += ROWS
+
+
+# --------------------------------------------------------------------------
 # launchers
 # --------------------------------------------------------------------------
 
+@dataclass
+class SplitConfig(LaunchConfig):
+    """Launch knobs of the split route's three kernels. ``block``/``num_warps``
+    (inherited) are the projection's (A): headdim rows per program and warps.
+
+    out_heads     (B) heads per program, consecutive in one group (divides H/G):
+                  1 = grid (batch, H); H/G = grid (batch, G), B_s . C computed
+                  once per group
+    out_warps     (B) warps per program
+    fold_block    (C) headdim rows per work item; 0 = whole head (power of 2)
+    fold_warps    (C) warps per program (8: few persistent programs per SM, so
+                  more loads in flight per program; offline sm_90 compile: no
+                  spills at 4 or 8 warps, scripts/kernel_regs.py)
+    fold_programs (C) persistent grid size; 0 = 2 per SM (GPU) / 2 (interpreter)
+    fold_rows     (C) batch rows scanned per chunk (power of 2); 0 = the whole
+                  batch rounded up to a power of 2, at most 1024
+    fold_dot      (C) True: tl.dot fold ([P, S] x [S, N], tf32x3 on GPU, ieee
+                  in the interpreter, as the fused kernel); False: FMA outer
+                  products, one ring entry at a time
+    """
+
+    out_heads: int = 1
+    out_warps: int = 2
+    fold_block: int = 0
+    fold_warps: int = 8
+    fold_programs: int = 0
+    fold_rows: int = 0
+    fold_dot: bool = True
+
+
 def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
-                   batch: int = 256) -> LaunchConfig:
+                   batch: int = 256, route: str = "output_only") -> LaunchConfig:
     """Launch configuration, from the H200 sweeps in benchmarks/results/
     (kernels_mamba2*.json): at serving batch sizes a whole head per program
     with 2 warps (more programs resident per SM); small batches need more,
-    smaller programs to fill the GPU."""
+    smaller programs to fill the GPU. For the split route a SplitConfig whose
+    projection tile follows the same rule (not yet tuned on the GPU)."""
     if batch >= 32:
-        return LaunchConfig(block=min(64, max(16, triton.next_power_of_2(headdim))), num_warps=2)
-    return LaunchConfig(block=32 if headdim > 16 else 16, num_warps=4)
+        cfg = LaunchConfig(block=min(64, max(16, triton.next_power_of_2(headdim))), num_warps=2)
+    else:
+        cfg = LaunchConfig(block=32 if headdim > 16 else 16, num_warps=4)
+    if route in SPLIT_ROUTES:
+        return SplitConfig(block=cfg.block, num_warps=cfg.num_warps)
+    return cfg
 
 
 def default_route(batch: int, state_dtype: torch.dtype) -> str:
@@ -309,6 +565,9 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     if route == "auto":
         route = default_route(batch, checkpoint.dtype)
     check(route in ROUTES, f"route must be one of {ROUTES} or 'auto', got {route!r}")
+    check(route not in SPLIT_ROUTES or mode == MODE_DECODE,
+          f"route {route!r} implements decode only; use route 'output_only' or 'reconstruct' "
+          f"(or 'auto') for verify")
 
     if x is not None:
         check(x.dim() == 4 and x.shape[0] == batch and x.shape[2:] == (H, P),
@@ -337,8 +596,14 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     if batch == 0:
         return out
 
-    cfg = config or default_config(P, N, checkpoint.dtype, batch)
     BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
+    if route in SPLIT_ROUTES:
+        _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+                      x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, None if z is None else z[:, 0],
+                      dt_bias, dt_softplus, out[:, 0], buffer_len, checkpoint_fold, config,
+                      BLOCK_S)
+        return out
+    cfg = config or default_config(P, N, checkpoint.dtype, batch)
     BLOCK_N = max(16, triton.next_power_of_2(N))
     dummy = dt_buffer
     xs = x if x is not None else x_buffer.new_empty(batch, 1, H, P)
@@ -376,6 +641,87 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _fold_programs(device) -> int:
+    """(C)'s default persistent grid: 2 programs per SM (interpreter: 2)."""
+    if interpreting() or device.type != "cuda":
+        return 2
+    return 2 * _sm_count(device.index if device.index is not None else
+                         torch.cuda.current_device())
+
+
+def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+                  x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, buffer_len, checkpoint_fold,
+                  config, BLOCK_S):
+    """The split decode step on checked tensors: x/z/out [b, H, P], dt [b, H],
+    B/C [b, G, N], A/D/dt_bias [H] (or None). Three launches on the current
+    stream, in this order: (A) reads the checkpoint before (C) writes it, and
+    (B) appends the token to the ring before (C) folds it from there."""
+    num_slots, H, P, N = checkpoint.shape
+    G = B_buffer.shape[1]
+    cap = x_buffer.shape[2]
+    batch = slot_ids.shape[0]
+    hpg = H // G
+    cfg = config or default_config(P, N, checkpoint.dtype, batch, route="split")
+    if not isinstance(cfg, SplitConfig):  # a plain LaunchConfig sets (A) only
+        cfg = SplitConfig(block=cfg.block, num_warps=cfg.num_warps)
+    check(cfg.out_heads >= 1 and hpg % cfg.out_heads == 0,
+          f"SplitConfig.out_heads={cfg.out_heads} must divide the heads per group ({hpg})")
+    BLOCK_P = max(16, triton.next_power_of_2(P))
+    BLOCK_N = max(16, triton.next_power_of_2(N))
+    fold_block = cfg.fold_block or BLOCK_P
+    fold_rows = cfg.fold_rows or min(1024, triton.next_power_of_2(batch))
+    check(fold_block & (fold_block - 1) == 0 and fold_rows & (fold_rows - 1) == 0,
+          "SplitConfig.fold_block / fold_rows must be powers of 2")
+    dummy = dt_buffer
+
+    # (A) proj[row, head, :] = h_c C_q, fp32 scratch. torch.empty is fine
+    # under CUDA graphs: the graph's private pool gives the same buffer on
+    # every replay, and (B) reads only entries (A) wrote in the same step.
+    proj = project_state(checkpoint, slot_ids, C, heads_per_group=hpg,
+                         config=LaunchConfig(cfg.block, cfg.num_warps))
+
+    # (B) outputs + append (every live row, flush step included)
+    zs = z if z is not None else x
+    _mamba2_split_outputs_kernel[(batch, H // cfg.out_heads)](
+        proj, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+        x, dt, B, C, zs, A, D if D is not None else dummy,
+        dt_bias if dt_bias is not None else dummy, out,
+        hpg, P, N, cap,
+        proj.stride(0), proj.stride(1),
+        x_buffer.stride(0), x_buffer.stride(1), x_buffer.stride(2),
+        B_buffer.stride(0), B_buffer.stride(1), B_buffer.stride(2),
+        dt_buffer.stride(0), dt_buffer.stride(1),
+        x.stride(0), x.stride(1), dt.stride(0), dt.stride(1),
+        B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+        zs.stride(0), zs.stride(1), out.stride(0), out.stride(1),
+        A.stride(0), D.stride(0) if D is not None else 0,
+        dt_bias.stride(0) if dt_bias is not None else 0,
+        HEADS=cfg.out_heads, BLOCK_S=BLOCK_S, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
+        HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=dt_softplus, num_warps=cfg.out_warps,
+    )
+
+    # (C) fold the rows whose decode flush rule fires (the others: a cursor scan)
+    nprog = cfg.fold_programs or _fold_programs(checkpoint.device)
+    _mamba2_split_fold_kernel[(nprog,)](
+        checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
+        x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids, A,
+        batch, H, hpg, P, N, buffer_len, cap,
+        checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
+        x_buffer.stride(0), x_buffer.stride(1), x_buffer.stride(2),
+        B_buffer.stride(0), B_buffer.stride(1), B_buffer.stride(2),
+        dt_buffer.stride(0), dt_buffer.stride(1), A.stride(0),
+        ROWS=fold_rows, BLOCK_S=BLOCK_S, BLOCK_P=fold_block, BLOCK_N=BLOCK_N,
+        HAS_FOLD_COPY=checkpoint_fold is not None, FOLD_DOT=bool(cfg.fold_dot),
+        DOT_PRECISION=dot_precision(), num_warps=cfg.fold_warps,
+    )
+
+
 def mamba2_replay_decode(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
                          x, dt, A, B, C, *, buffer_len, D=None, z=None, dt_bias=None,
                          dt_softplus=True, out=None, checkpoint_fold=None, route="auto",
@@ -400,6 +746,13 @@ def mamba2_replay_decode(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin
         out              [b, H, P] or None (allocated like x)
     Any stride is taken from the tensors (slot stride included) except the
     innermost dim, which must be contiguous.
+
+    route: "output_only" / "reconstruct" (one fused launch, ``config`` a
+    LaunchConfig), "split" (three launches, ``config`` a SplitConfig; a plain
+    LaunchConfig sets the projection's tile only; allocates a [b, H, P] fp32
+    scratch), or "auto" (:func:`default_route`). The split route appends every
+    token to the ring, the flushing one included, and folds it from there
+    (needs capacity >= buffer_len, which ``required_capacity(L, 1)`` gives).
     Returns ``out``.
     """
     if x.dim() != 3:
@@ -428,6 +781,7 @@ def mamba2_replay_verify(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin
     with the committed history (drafts are never folded before acceptance).
     Afterwards call ``cursors.commit(mode=MODE_VERIFY, accepted=...)``.
     Needs ``T < buffer_len`` and ``capacity >= buffer_len - 1 + T``.
+    The split route is decode-only: ``route="split"`` raises ValueError.
     """
     if x.dim() != 4:
         raise ValueError(f"verify expects x [batch, T, H, P], got {tuple(x.shape)}")

@@ -51,6 +51,7 @@ usage: python scripts/bench_kernels.py [--family mamba2|gdn]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -83,7 +84,12 @@ def parse():
     ap.add_argument("--main-buffer-len", type=int, default=16)
     ap.add_argument("--routes", default=None,
                     help="routes timed for the first shape at --main-buffer-len "
-                         "(mamba2 default: output_only,reconstruct; gdn has one route)")
+                         "(mamba2 default: output_only,reconstruct; also: split; gdn has one "
+                         "route)")
+    ap.add_argument("--split-config", default="",
+                    help="mamba2 split route: SplitConfig fields overriding the default, e.g. "
+                         "out_heads=16,out_warps=4,fold_programs=528,fold_dot=0 (--sweep "
+                         "sweeps block/num_warps of its projection kernel)")
     ap.add_argument("--u-buffer-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="gdn: dtype of our u ring (auto: float32 for an fp32 state, else bf16)")
     ap.add_argument("--k-buffer-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -246,8 +252,13 @@ class Family:
     def cfg_fits(self, cfg, shape):
         return True
 
+    def route_config(self, cfg, route, shape, sdt_t, b):
+        """The config a route is launched with, from a swept/default one."""
+        return cfg
+
     def check_text(self, c):
-        return f"b={c['batch']}: {fmt(c.get('max_rel_diff_vs_stock_triton'), '.1e')}"
+        route = f" {c['route']}" if c.get("route") else ""
+        return f"b={c['batch']}{route}: {fmt(c.get('max_rel_diff_vs_stock_triton'), '.1e')}"
 
     def plot_series(self):
         return [("speedup", "", "-")]
@@ -334,7 +345,25 @@ class Mamba2(Family):
             fill=torch.zeros(S, dtype=torch.int32, device=dev),
             origin=torch.zeros(S, dtype=torch.int32, device=dev), cap=cap)
 
+    def route_config(self, cfg, route, shape, sdt_t, b):
+        """Split route: a SplitConfig whose projection tile is the swept or
+        default (block, num_warps), other fields default or --split-config."""
+        if route not in self.m.SPLIT_ROUTES:
+            return cfg
+        H, P, N, G, _ = self.shapes[shape]
+        base = self.m.default_config(P, N, sdt_t, b, route=route)
+        if cfg is not None:
+            base = dataclasses.replace(base, block=cfg.block, num_warps=cfg.num_warps)
+        over = {}
+        for kv in filter(None, self.args.split_config.split(",")):
+            k, v = kv.split("=")
+            typ = type(getattr(base, k))  # AttributeError names a wrong field
+            over[k] = bool(int(v)) if typ is bool else typ(v)
+        return dataclasses.replace(base, **over)
+
     def replay_fns(self, shape, state, pool, c, idx, out, L, route, cfg=None):
+        cfg = self.route_config(cfg, route, shape, state.dtype, idx.shape[0])
+
         def step():
             self.m.mamba2_replay_decode(
                 state, pool["x_buffer"], pool["B_buffer"], pool["dt_buffer"], pool["fill"],
@@ -354,7 +383,7 @@ class Mamba2(Family):
         entry = H * P * ab + G * N * ab + H * 4
         return state, entry, io
 
-    def parity(self, shape, state0, pool, c, idx, L, cfg):
+    def parity(self, shape, state0, pool, c, idx, L, cfg, route="auto"):
         """ReplaySSM vs stock triton on the same stream of L+1 steps (fp32 state)."""
         st_stock = state0.clone()
         st_ours = state0.clone()
@@ -366,14 +395,15 @@ class Mamba2(Family):
             o1 = self.out_like(c, torch.float32)
             o2 = torch.empty_like(o1)
             self.stock_fn("triton", st_stock, c, idx, o1)()
-            s, cm = self.replay_fns(shape, st_ours, pool, c, idx, o2, L, "auto", cfg)
+            s, cm = self.replay_fns(shape, st_ours, pool, c, idx, o2, L, route, cfg)
             s()
             cm()
             ref = o1.float().abs().max().item()
             worst = max(worst, (o1.float() - o2.float()).abs().max().item() / max(ref, 1e-6))
         pool["fill"].zero_()
         pool["origin"].zero_()
-        return dict(max_rel_diff_vs_stock_triton=worst)
+        return dict(route=self.route_name(route, idx.shape[0], state0.dtype),
+                    max_rel_diff_vs_stock_triton=worst)
 
     def default_config(self, shape, sdt_t, b):
         H, P, N, G, _ = self.shapes[shape]
@@ -619,7 +649,7 @@ class GDN(Family):
 
     # ---- parity ----
 
-    def parity(self, shape, state0, pool, c, idx, L, cfg):
+    def parity(self, shape, state0, pool, c, idx, L, cfg, route="auto"):
         """Ours (and SGLang's ReplaySSM) vs the stock packed decode on the same stream
         of L+1 steps from the same start state: fp32 state, fp32 out. Also the
         checkpoint after the cycle's flush (step L-1) vs the stock state."""
@@ -867,8 +897,11 @@ def main():
                     out = fam.out_like(c)
                     for route in routes:
                         cands = []
-                        for blk, nw in (fam.sweep_grid if route == routes[0] else []):
-                            cfg = LaunchConfig(blk, nw)
+                        # the first route's launch configs, and the split route's
+                        # projection tile
+                        swept = route == routes[0] or route == "split"
+                        for blk, nw in (fam.sweep_grid if swept else []):
+                            cfg = fam.route_config(LaunchConfig(blk, nw), route, shape, sdt_t, b)
                             if late(0.5):
                                 break
                             try:
@@ -898,8 +931,9 @@ def main():
         r = routes[0] if route == "auto" else route
         cfg = best_cfg.get((sdt, r, 256)) if b >= 32 else None
         if cfg is None or not fam.cfg_fits(cfg, shape):
-            return fam.default_config(shape, DTYPES[sdt], b)
-        return cfg
+            cfg = fam.default_config(shape, DTYPES[sdt], b)
+        return fam.route_config(cfg, fam.route_name(route, b, DTYPES[sdt]), shape, DTYPES[sdt],
+                                b)
 
     states = {}
     stock_failed = set()
@@ -947,11 +981,13 @@ def main():
                 pool = cfg = None
                 try:
                     pool = fam.replay_pool(shape, L, sdt_t)
-                    if sdt == "float32" and L == args.main_buffer_len and route in ("auto",
-                                                                                   routes[0]):
+                    # parity vs stock of the main route and of every timed route on
+                    # the first shape (one check per route at L=main)
+                    if sdt == "float32" and L == args.main_buffer_len and (
+                            route in ("auto", routes[0]) or len(arms) > 1):
                         try:
                             chk = fam.parity(shape, state, pool, c, idx, L,
-                                             pick_cfg(sdt, route, b, shape))
+                                             pick_cfg(sdt, route, b, shape), route)
                             res["checks"].append(dict(shape=shape, batch=b, buffer_len=L, **chk))
                         except Exception as e:
                             error(f"parity {shape} b={b} L={L}: {e!r}"[:300])

@@ -354,7 +354,7 @@ def _kc_flush(device):
 
 def _kernel_checks(device):
     checks = [("kernel cursors.commit", lambda: _kc_cursors(device))]
-    for route in ("output_only", "reconstruct"):
+    for route in ("output_only", "reconstruct", "split"):
         checks.append((f"kernel decode ({route})", lambda r=route: _kc_decode(device, r)))
     for route in ("output_only", "reconstruct"):
         checks.append((f"kernel verify ({route})", lambda r=route: _kc_verify(device, r)))

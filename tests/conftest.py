@@ -29,11 +29,13 @@ def _check_interpreter():
     if HAS_CUDA or os.environ.get("TRITON_INTERPRET") != "1":
         return
     from triton.runtime.interpreter import InterpretedFunction
-    for name in ("sglang_replayssm.kernels.mamba2_replay", "sglang_replayssm.kernels.cursors"):
+    for name in ("sglang_replayssm.kernels.mamba2_replay", "sglang_replayssm.kernels.cursors",
+                 "sglang_replayssm.kernels.projection"):
         mod = sys.modules.get(name)
         if mod is None:
             continue
-        for attr in ("_mamba2_replay_kernel", "_commit_kernel"):
+        for attr in ("_mamba2_replay_kernel", "_mamba2_split_outputs_kernel",
+                     "_mamba2_split_fold_kernel", "_projection_kernel", "_commit_kernel"):
             fn = getattr(mod, attr, None)
             if fn is not None and not isinstance(fn, InterpretedFunction):
                 raise RuntimeError(

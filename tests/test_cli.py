@@ -73,7 +73,8 @@ def test_check_json():
         assert r["interpret"] is True
     kernels = {n: c for n, c in checks.items() if n.startswith("kernel ")}
     for name in ("kernel cursors.commit", "kernel decode (output_only)",
-                 "kernel decode (reconstruct)", "kernel verify (output_only)",
+                 "kernel decode (reconstruct)", "kernel decode (split)",
+                 "kernel verify (output_only)",
                  "kernel verify (reconstruct)", "kernel flush"):
         assert name in kernels, sorted(kernels)
     for name, c in kernels.items():

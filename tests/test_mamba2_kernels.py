@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -105,7 +105,7 @@ class Pool:
         G = cfg.G
         self.config = None
         if cfg.config:  # the default launch config with some fields overridden
-            self.config = m2.default_config(cfg.P, N, cfg.state)
+            self.config = m2.default_config(cfg.P, N, cfg.state, route=cfg.route)
             for k, v in cfg.config:
                 assert hasattr(self.config, k), k
                 setattr(self.config, k, v)
@@ -172,10 +172,14 @@ class Pool:
         return (self.checkpoint, self.x_buffer, self.B_buffer, self.dt_buffer, self.fill,
                 self.origin)
 
-    def kernel_kwargs(self):
+    def kernel_kwargs(self, mode=MODE_DECODE):
+        # a split (decode-only) pool verifies with the fused kernel, as serving would
+        split = self.cfg.route in m2.SPLIT_ROUTES
+        fused = split and mode != MODE_DECODE
         return dict(buffer_len=self.L, D=self.D, dt_bias=self.dt_bias,
                     dt_softplus=self.softplus, checkpoint_fold=self.checkpoint_fold,
-                    route=self.cfg.route, config=self.config, validate=True)
+                    route="output_only" if fused else self.cfg.route,
+                    config=None if fused else self.config, validate=True)
 
     def run_kernel(self, mode, slots, inp=None, out=None):
         """Launch one step's kernel (no commit); returns out [b, T, H, P]."""
@@ -195,7 +199,7 @@ class Pool:
         else:
             res = mamba2_replay_verify(*self.pool_args(), slots, inp["x"], inp["dt"], self.A,
                                        inp["B"], inp["C"], z=inp["z"], out=out,
-                                       **self.kernel_kwargs())
+                                       **self.kernel_kwargs(mode))
             assert res is out
         return out
 
@@ -305,7 +309,7 @@ class Pool:
 # masked (default block: one power-of-two slice per head; block=16: 2-3
 # slices per head); num_warps=2 is the serving-batch configuration.
 BP16, NW2 = ("block", 16), ("num_warps", 2)
-DECODE_CASES = [
+FUSED_DECODE_CASES = [
     Cfg(P=24),
     Cfg(P=24, route="reconstruct", layout="sglang"),
     Cfg(P=40, z=False, D=False, layout="sglang", config=(BP16,)),
@@ -318,6 +322,27 @@ DECODE_CASES = [
     Cfg(act=BF16, D=False),
     Cfg(act=F16, state=F16, layout="sglang", P=24),
 ]
+# The same pools on the split route, with its own knobs spread over them
+# (SplitConfig fields): several heads per outputs program, the FMA fold, fold
+# work items of part of a head, 1 or 3 persistent fold programs (so a program
+# loops over several items) and cursor scans in chunks of 2 rows (3 rows of
+# the batch: two chunks).
+SPLIT_KNOBS = [
+    (),
+    (("out_heads", 2),),
+    (("fold_dot", False), ("fold_block", 16)),
+    (("fold_programs", 1), ("fold_rows", 2)),
+    (("out_heads", 1), ("fold_programs", 3), ("out_warps", 1)),
+    (("fold_dot", False), ("fold_programs", 1)),
+    (("fold_rows", 2), ("fold_block", 16)),
+    (("out_heads", 2), ("fold_dot", False)),
+    (("fold_programs", 3),),
+    (("fold_block", 16), ("fold_rows", 2)),
+    (("out_heads", 2), ("fold_programs", 1)),
+]
+SPLIT_DECODE_CASES = [replace(c, route="split", config=c.config + k)
+                      for c, k in zip(FUSED_DECODE_CASES, SPLIT_KNOBS)]
+DECODE_CASES = FUSED_DECODE_CASES + SPLIT_DECODE_CASES
 
 
 @pytest.mark.parametrize("cfg", DECODE_CASES, ids=lambda c: c.id)
@@ -358,7 +383,9 @@ def test_decode_staggered_sparse_padded(device, route):
     assert all(pool.flushes.get(s, 0) >= 2 for s in join), pool.flushes
 
 
-@pytest.mark.parametrize("route,config", [("output_only", ()), ("reconstruct", (NW2,))])
+@pytest.mark.parametrize("route,config", [("output_only", ()), ("reconstruct", (NW2,)),
+                                          ("split", ()),
+                                          ("split", (("fold_dot", False), ("out_heads", 2)))])
 def test_dual_precision_fold_copy(device, route, config):
     """bf16 read copy + fp32 fold copy: at each flush the fold copy is the fp32
     reference state (no bf16 drift across flushes), the read copy is it rounded."""
@@ -371,6 +398,69 @@ def test_dual_precision_fold_copy(device, route, config):
     for step in range(3 * L + 1):
         pool.step(slots, MODE_DECODE, what=f"step {step}")
     assert all(pool.flushes.get(s, 0) >= 3 for s in slots), pool.flushes
+
+
+@pytest.mark.parametrize("fold_dot", [True, False], ids=["dot", "fma"])
+def test_split_matches_fused_over_a_cycle(device, fold_dot):
+    """The split route against the fused one on the same pool and inputs: two
+    full buffer cycles from staggered cursors (every row flushes twice, at
+    different steps), outputs and checkpoints equal to fp32 rounding at every
+    step, the live ring entries bit-identical, the cursors identical."""
+    L = 4
+    cfgs = [Cfg(P=24), Cfg(P=24, route="split", config=(("fold_dot", fold_dot),))]
+    pools = [Pool(device, c, seed=3, S=6, L=L) for c in cfgs]
+    for p in pools:  # stagger: fills 2, 1, 0 before the cycles
+        p.step([5, -1, -1], MODE_DECODE)
+        p.step([5, 0, -1], MODE_DECODE)
+    slots = [5, 0, 2]
+    # fp32 rounding of a different summation order (and, for the FMA fold, of
+    # a running instead of a scanned sum of A dt) compounding over flushes
+    tol = 1e-6 if fold_dot else 3e-6
+    for step in range(2 * L):
+        inp = pools[0].inputs(3, 1)
+        pools[1].inputs(3, 1)  # keep the generators in step
+        outs = [p.run_kernel(MODE_DECODE, p.slot_tensor(slots), inp) for p in pools]
+        assert rel_err(outs[1], outs[0]) <= tol, f"step {step}: outputs"
+        assert rel_err(pools[1].checkpoint, pools[0].checkpoint) <= tol, f"step {step}"
+        for p in pools:
+            commit(p.fill, p.origin, p.slot_tensor(slots), mode=MODE_DECODE, buffer_len=L,
+                   capacity=p.cap)
+        assert bit_equal(pools[0].fill, pools[1].fill)
+        assert bit_equal(pools[0].origin, pools[1].origin)
+        for s in slots:
+            live = [(int(pools[0].origin[s]) + i) % pools[0].cap for i in range(int(pools[0].fill[s]))]
+            for n in ("x_buffer", "B_buffer", "dt_buffer"):
+                a, b = getattr(pools[0], n)[s][:, live], getattr(pools[1], n)[s][:, live]
+                assert bit_equal(a, b), f"step {step}: {n} of slot {s}"
+    assert int((pools[0].fill[slots] == 0).sum()) >= 1
+
+
+@pytest.mark.parametrize("state_dtype,V,hpg", [(F32, 1, 2), (BF16, 3, 4), (F16, 2, 1)])
+def test_projection_kernel(device, state_dtype, V, hpg):
+    """project_state alone (the split route's (A), family-agnostic): a strided
+    state pool (slot stride > H*R*K), rows not a multiple of the tile, K not
+    a power of two, V vectors per (row, group), padded rows left untouched."""
+    from sglang_replayssm.kernels.common import LaunchConfig
+    from sglang_replayssm.kernels.projection import project_state
+    gen = torch.Generator().manual_seed(80 + V)
+    S, H, R, K = 5, 4, 24, 20
+    G = H // hpg
+    big = torch.randn(S, H + 1, R, K, generator=gen).to(state_dtype).to(device)
+    state = big[:, :H]
+    slots = torch.tensor([3, -1, 0, 4], dtype=torch.int64, device=device)
+    vec = torch.randn(4, V, G, K, generator=gen).to(BF16).to(device)
+    for cfg in (None, LaunchConfig(block=16, num_warps=2)):
+        out = torch.full((4, V, H, R), SENTINEL, device=device)
+        res = project_state(state, slots, vec if V > 1 else vec[:, 0],
+                            out=out if V > 1 else out[:, 0], config=cfg)
+        assert res.data_ptr() == out.data_ptr()
+        live = slots >= 0
+        h = state[slots[live]].double()                               # [nl, H, R, K]
+        v = vec[live].double().repeat_interleave(hpg, dim=2)          # [nl, V, H, K]
+        ref = torch.einsum("bhrk,bjhk->bjhr", h, v)
+        assert rel_err(out[live], ref) <= 1e-6
+        assert bool((out[~live] == SENTINEL).all())
+    assert project_state(state, slots, vec[:, 0]).shape == (4, H, R)
 
 
 # --------------------------------------------------------------------------
@@ -402,12 +492,14 @@ def test_verify_random_acceptance(device, T, L, cfg):
     assert pool.wrapped
 
 
-def test_verify_mixed_with_decode_and_flush(device):
+@pytest.mark.parametrize("route", ["reconstruct", "split"])
+def test_verify_mixed_with_decode_and_flush(device, route):
     """Decode (T=1), verify (T=3) and flush-only steps interleaved on one pool
     sized required_capacity(L, T): decode after verify starts from a moved
-    origin, so the ring wraps."""
+    origin, so the ring wraps. route="split": split decode steps between
+    fused verify steps (its appended flush token must not disturb them)."""
     T, L = 3, 5
-    pool = Pool(device, Cfg(route="reconstruct"), seed=21, S=6, L=L, T=T)
+    pool = Pool(device, Cfg(route=route), seed=21, S=6, L=L, T=T)
     assert pool.cap == required_capacity(L, T)
     slots = [2, -1, 5, 0]
     modes = []
@@ -603,6 +695,26 @@ def test_decode_rejects_bad_input(device, name, mutate, match):
         assert bit_equal(getattr(pool, n), t), n
 
 
+def test_split_route_rejects_verify_and_bad_config(device):
+    """route="split" is decode-only: verify names the route in its error; a
+    SplitConfig whose out_heads does not divide the heads per group is refused
+    before any launch."""
+    pool = Pool(device, Cfg(route="split"), seed=62, S=4, L=4, T=2)
+    inp = pool.inputs(2, 2)
+    kw = dict(pool.kernel_kwargs(), route="split")
+    before = pool.snapshot()
+    with pytest.raises(ValueError, match="route 'split' implements decode only"):
+        mamba2_replay_verify(*pool.pool_args(), pool.slot_tensor([0, 1]), inp["x"], inp["dt"],
+                             pool.A, inp["B"], inp["C"], z=inp["z"], **kw)
+    cfg = replace(m2.default_config(pool.P, pool.N, F32, route="split"), out_heads=3)
+    sq = {k: None if v is None else v[:, 0] for k, v in inp.items()}
+    with pytest.raises(ValueError, match="out_heads=3 must divide"):
+        mamba2_replay_decode(*pool.pool_args(), pool.slot_tensor([0, 1]), sq["x"], sq["dt"],
+                             pool.A, sq["B"], sq["C"], z=sq["z"], **dict(kw, config=cfg))
+    for n, t in before.items():
+        assert bit_equal(getattr(pool, n), t), n
+
+
 @pytest.mark.parametrize("case", ["window_ge_buffer_len", "ring_too_short"])
 def test_verify_rejects_bad_window(device, case):
     L = 4
@@ -638,10 +750,12 @@ def test_kernels_run_interpreted_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA present: kernels are compiled")
     from triton.runtime.interpreter import InterpretedFunction
-    from sglang_replayssm.kernels import cursors
+    from sglang_replayssm.kernels import cursors, projection
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    assert isinstance(m2._mamba2_replay_kernel, InterpretedFunction)
-    assert isinstance(cursors._commit_kernel, InterpretedFunction)
+    for fn in (m2._mamba2_replay_kernel, m2._mamba2_split_outputs_kernel,
+               m2._mamba2_split_fold_kernel, projection._projection_kernel,
+               cursors._commit_kernel):
+        assert isinstance(fn, InterpretedFunction)
 
 
 # --------------------------------------------------------------------------

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Registers, spills and shared memory of the Mamba-2 split-route kernels for
+sm_90, compiled offline: no GPU needed (Triton's bundled ptxas), so launch
+knobs can be screened before spending device time.
+
+Approximates the JIT's specialisation at the Nemotron-H shape (H=128, P=64,
+N=128, G=8, L=16; bf16 activations, fp32 dt ring): 16-byte aligned pointers
+and every integer argument a multiple of 16. Without that, masks on runtime
+sizes block vectorisation and the counts are far too pessimistic. The real
+JIT can differ (e.g. a stride equal to 1 is specialised further): confirm the
+picked configs on the GPU (``kernel.n_regs`` / ``n_spills`` after a launch).
+
+usage: python scripts/kernel_regs.py     (TRITON_INTERPRET must be unset)
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions here")
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from sglang_replayssm.kernels import mamba2_replay as m2  # noqa: E402
+from sglang_replayssm.kernels import projection as pj  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+P, N, L = 64, 128, 16
+
+
+def report(name, fn, ptr_types, consts, num_warps):
+    sig = {n: "constexpr" if n in consts else (ptr_types.get(n, "*fp32") if n.endswith("_ptr")
+                                                else "i32") for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr"}
+    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=TARGET,
+                       options={"num_warps": num_warps})
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(k.asm["ptx"])
+    info = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
+                          capture_output=True, text=True).stderr
+    os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", info)
+    spill = re.search(r"(\d+) bytes spill stores", info)
+    print(f"{name:<44} warps={num_warps}: {regs.group(1) if regs else '?':>3} registers, "
+          f"{spill.group(1) if spill else '?':>4} B spilled, {k.metadata.shared:>6} B shared")
+
+
+def main():
+    state = {"fp32": "*fp32", "bf16": "*bf16"}
+    act = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "fill_ptr": "*i32",
+           "origin_ptr": "*i32", "slot_ptr": "*i32", "x_ptr": "*bf16", "dt_ptr": "*bf16",
+           "B_ptr": "*bf16", "C_ptr": "*bf16", "z_ptr": "*bf16", "A_ptr": "*fp32",
+           "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "proj_ptr": "*fp32"}
+    for sdt, ptr in state.items():
+        for block in (32, 64):
+            for nw in (1, 2, 4):
+                report(f"(A) projection {sdt} block={block}", pj._projection_kernel,
+                       {"state_ptr": ptr, "slot_ptr": "*i32", "vec_ptr": "*bf16",
+                        "out_ptr": "*fp32"},
+                       {"NUM_VEC": 1, "BLOCK_R": block, "BLOCK_K": N}, nw)
+    for heads in (1, 4, 16):
+        for nw in (1, 2, 4):
+            report(f"(B) outputs out_heads={heads}", m2._mamba2_split_outputs_kernel, act,
+                   {"HEADS": heads, "BLOCK_S": L, "BLOCK_P": P, "BLOCK_N": N, "HAS_D": True,
+                    "HAS_Z": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True}, nw)
+    for sdt, ptr in state.items():
+        for dot in (True, False):
+            for block in (32, 64):
+                for nw in (4, 8):
+                    report(f"(C) fold {sdt} fold_dot={dot} fold_block={block}",
+                           m2._mamba2_split_fold_kernel, dict(act, ckpt_ptr=ptr, fold_ptr=ptr),
+                           {"ROWS": 256, "BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N,
+                            "HAS_FOLD_COPY": False, "FOLD_DOT": dot,
+                            "DOT_PRECISION": "tf32x3"}, nw)
+
+
+if __name__ == "__main__":
+    main()
