@@ -77,9 +77,11 @@ def main():
             for block in (32, 64):
                 for nw in (4, 8):
                     report(f"(C) fold {sdt} fold_dot={dot} fold_block={block}",
-                           m2._mamba2_split_fold_kernel, dict(act, ckpt_ptr=ptr, fold_ptr=ptr),
-                           {"ROWS": 256, "BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N,
-                            "HAS_FOLD_COPY": False, "FOLD_DOT": dot,
+                           m2._mamba2_split_fold_kernel,
+                           dict(act, ckpt_ptr=ptr, fold_ptr=ptr, vbuf_ptr="*bf16",
+                                kbuf_ptr="*bf16", gbuf_ptr="*fp32"),
+                           {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": N,
+                            "HAS_FOLD_COPY": False, "FOLD_DOT": dot, "DT_GATED": True,
                             "DOT_PRECISION": "tf32x3"}, nw)
 
 
