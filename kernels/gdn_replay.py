@@ -336,7 +336,10 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
     cfg = LaunchConfig(block=bv if batch >= 32 else min(bv, 32),
                        num_warps=2 if batch >= 32 else 4)
     if route in SPLIT_ROUTES:
-        return SplitConfig(block=cfg.block, num_warps=cfg.num_warps)
+        # (C): fold items of at most 64 V rows. A whole 128-row head compiles
+        # offline (sm_90, scripts/kernel_regs.py) to 249 registers and 64 KiB
+        # shared at 8 warps (fp32, tl.dot), 64 rows to 208 / 32 KiB
+        return SplitConfig(block=cfg.block, num_warps=cfg.num_warps, fold_block=bv)
     return cfg
 
 
