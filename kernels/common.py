@@ -24,6 +24,52 @@ class LaunchConfig:
     num_warps: int
 
 
+@dataclass
+class SplitConfig(LaunchConfig):
+    """Launch knobs of a split decode route's three kernels (Mamba-2 and GDN;
+    "head" = Mamba-2 head / GDN v-head, "group" = Mamba-2 B/C group / GDN
+    k-head, "rows" = Mamba-2 headdim P / GDN V). ``block``/``num_warps``
+    (inherited) are the projection's (A): state rows per program and warps.
+
+    out_heads     (B) heads per program, consecutive in one group (divides the
+                  heads per group): 1 = grid (batch, heads); heads per group =
+                  grid (batch, groups), the key products (Mamba-2 B_s . C, GDN
+                  k_s . k_t and k_s . q_t) computed once per group
+    out_warps     (B) warps per program
+    fold_block    (C) state rows per work item; 0 = whole head (power of 2)
+    fold_warps    (C) warps per program (8: few persistent programs per SM, so
+                  more loads in flight per program; offline sm_90 compile: no
+                  spills at 4 or 8 warps, scripts/kernel_regs.py)
+    fold_programs (C) persistent grid size; 0 = 2 per SM (GPU) / 2 (interpreter)
+    fold_rows     (C) batch rows scanned per chunk (power of 2); 0 = the whole
+                  batch rounded up to a power of 2, at most 1024
+    fold_dot      (C) True: tl.dot fold ([rows, S] x [S, K], tf32x3 on GPU,
+                  ieee in the interpreter, as the fused kernels); False: FMA
+                  outer products, one ring entry at a time
+    """
+
+    out_heads: int = 1
+    out_warps: int = 2
+    fold_block: int = 0
+    fold_warps: int = 8
+    fold_programs: int = 0
+    fold_rows: int = 0
+    fold_dot: bool = True
+
+
+def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
+    """The split route's config, checked before any launch: a plain
+    LaunchConfig sets the projection (A) only, the other knobs default."""
+    if not isinstance(cfg, SplitConfig):
+        cfg = SplitConfig(block=cfg.block, num_warps=cfg.num_warps)
+    check(cfg.out_heads >= 1 and heads_per_group % cfg.out_heads == 0,
+          f"SplitConfig.out_heads={cfg.out_heads} must divide the heads per group "
+          f"({heads_per_group})")
+    check(cfg.fold_block & (cfg.fold_block - 1) == 0 and cfg.fold_rows & (cfg.fold_rows - 1) == 0,
+          "SplitConfig.fold_block / fold_rows must be powers of 2")
+    return cfg
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 

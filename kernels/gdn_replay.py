@@ -30,6 +30,23 @@ V-head ``hv`` reads k-head ``hv // (HV // H)``.
 
 One program handles (row, v-head, BLOCK_V rows of V) with all of K. The float64
 oracles are in :mod:`sglang_replayssm.reference`.
+
+Decode also has the ``split`` route (benchmarks/NOTES.md, design A/B/C, as
+Mamba-2's): three launches per step, so that the checkpoint read does not
+wait on the cursor -> ring chain and no program carries the fold's registers:
+
+* (A) :func:`~sglang_replayssm.kernels.projection.project_state` with two
+  vectors per k-head: proj = h_c q_raw, h_c k_raw (fp32 scratch
+  [b, 2, HV, V]) straight from mixed_qkv (a view, no copy); the L2 norms
+  and the scale are divided out in (B), where q_t and k_t are loaded anyway
+  (A is linear), which saves a prep launch;
+* (B) ``_gdn_split_outputs_kernel``: per (row, out_heads v-heads of one
+  k-head): cursors, g/k/u ring, u_t and o_t, then appends k_t (the k-head's
+  first program), u_t and g_t at position ``fill`` -- always, the flushing
+  token too (decode capacity is buffer_len, so the entry exists);
+* (C) :func:`~sglang_replayssm.kernels.fold.split_fold_kernel` (shared with
+  Mamba-2; u as the per-head rows, k as the per-group keys, g the log decay):
+  persistent; folds the fill + 1 ring entries of the flushing rows only.
 """
 from __future__ import annotations
 
@@ -37,11 +54,20 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (ACT_DTYPES, LaunchConfig, check, check_finite, check_live_cursors,
-                     check_pool, dot_precision, ring_positions, softplus)
+from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
+                     check_live_cursors, check_pool, dot_precision, ring_positions, softplus,
+                     split_config)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
+from .fold import launch_split_fold
+from .projection import project_state
 
-__all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "default_config"]
+__all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "ROUTES",
+           "SPLIT_ROUTES", "SplitConfig", "default_config", "default_route"]
+
+# "output_only": the fused kernel (one launch: checkpoint read, outputs, ring
+# append, fold on the flush step); "split": three launches, decode only
+ROUTES = ("output_only", "split")
+SPLIT_ROUTES = ("split",)
 
 
 @triton.jit
@@ -185,22 +211,146 @@ def _gdn_replay_kernel(
                          mask=write[:, None] & mask_k[None, :])
 
 
+@triton.jit
+def _gdn_split_outputs_kernel(
+    proj_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
+    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
+    H, HV, K, V, capacity,
+    s_pr_row, s_pr_j, s_pr_head,
+    s_kb_slot, s_kb_head, s_kb_pos,
+    s_ub_slot, s_ub_head, s_ub_pos,
+    s_gb_slot, s_gb_head,
+    s_qkv_row, s_a_row, s_b_row, s_o_row, s_o_head,
+    HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+):
+    """(B) One program per (row, HEADS consecutive v-heads of one k-head): the
+    decode output from the projection (A) and the ring, then the token's
+    append. No checkpoint access. k_s . k_t and k_s . q_t are computed once
+    for the program's v-heads.
+
+    (A) projected the *raw* q_t, k_t (A is linear: h_c (x / |x|) = (h_c x) / |x|),
+    so the norms are applied here, where q_t and k_t are loaded anyway; that
+    saves a prep launch and its [b, H, K] round trip. With cum = the running
+    sum of g up to and including this token (the decay comes first, as in
+    gdn_step_ref) and proj_x = h_c x_t:
+
+        S k_t = exp(cum_t) proj_k + sum_{s<t} exp(cum_t - cum_s) (k_s . k_t) u_s
+        u_t   = beta_t (v_t - S k_t)
+        o_t   = exp(cum_t) proj_q + sum_{s<t} exp(cum_t - cum_s) (k_s . q_t) u_s
+                + (k_t . q_t) u_t
+    """
+    row = tl.program_id(0)
+    hv0 = tl.program_id(1) * HEADS
+    hpg = HV // H
+    hk = hv0 // hpg
+    offs_v = tl.arange(0, BLOCK_V)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_v = offs_v < V
+    mask_k = offs_k < K
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    row = row.to(tl.int64)
+    if slot < 0:  # padded row: output zeros (as the stock kernel), pool untouched
+        for j in tl.static_range(HEADS):
+            tl.store(out_ptr + row * s_o_row + (hv0 + j) * s_o_head + offs_v,
+                     tl.zeros([BLOCK_V], dtype=tl.float32).to(out_ptr.dtype.element_ty),
+                     mask=mask_v)
+        return
+    fill = tl.load(fill_ptr + slot)
+    origin = tl.load(origin_ptr + slot)
+    # positions [0, fill) = history in the ring, fill = this token
+    is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
+    ring_q = origin + fill  # where this token goes (always: capacity >= buffer_len)
+    ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
+
+    # this token's q, k (normalised exactly as the fused kernel does, so that
+    # the k ring holds the same values on both routes) and the key products
+    # shared by the program's v-heads
+    q_t = tl.load(qkv_ptr + row * s_qkv_row + hk * K + offs_k, mask=mask_k,
+                  other=0.0).to(tl.float32)
+    k_t = tl.load(qkv_ptr + row * s_qkv_row + H * K + hk * K + offs_k, mask=mask_k,
+                  other=0.0).to(tl.float32)
+    if USE_QK_L2NORM:
+        n_q = tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
+        n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
+        q_t = q_t / n_q
+        k_t = k_t / n_k
+    else:
+        n_q = 1.0
+        n_k = 1.0
+    q_t = q_t * scale
+    ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+                 + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :],
+                 other=0.0).to(tl.float32)                                   # [S, K]
+    kk = tl.sum(ks * k_t[None, :], axis=1)                                  # k_s . k_t
+    kq = tl.sum(ks * q_t[None, :], axis=1)                                  # k_s . q_t
+    kq_t = tl.sum(k_t * q_t)
+    if hv0 % hpg == 0:  # the k-head's first program appends k (flush step included)
+        tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring_q * s_kb_pos + offs_k,
+                 k_t.to(kbuf_ptr.dtype.element_ty), mask=mask_k)
+
+    for j in tl.static_range(HEADS):
+        hv = hv0 + j
+        a_t = tl.load(a_ptr + row * s_a_row + hv).to(tl.float32)
+        g_t = -tl.exp(tl.load(A_log_ptr + hv).to(tl.float32)) * softplus(
+            a_t + tl.load(dt_bias_ptr + hv).to(tl.float32))
+        b_t = tl.load(b_ptr + row * s_b_row + hv)
+        beta = tl.sigmoid(b_t.to(tl.float32)).to(b_t.dtype).to(tl.float32)
+        g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
+                      other=0.0)
+        cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
+        cum_q = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # includes g_t: decay first
+        w = tl.where(is_hist, tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)    # [S]
+        decay = tl.exp(cum_q)
+        us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
+                     + offs_v[None, :], mask=is_hist[:, None] & mask_v[None, :],
+                     other=0.0).to(tl.float32)                               # [S, V]
+        p_off = proj_ptr + row * s_pr_row + hv * s_pr_head + offs_v
+        proj_q = tl.load(p_off, mask=mask_v, other=0.0) / n_q * scale        # h_c q_t
+        proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0) / n_k       # h_c k_t
+        v_t = tl.load(qkv_ptr + row * s_qkv_row + 2 * H * K + hv * V + offs_v,
+                      mask=mask_v, other=0.0).to(tl.float32)
+        hk_t = decay * proj_k + tl.sum(us * (w * kk)[:, None], axis=0)
+        u_t = beta * (v_t - hk_t)
+        o_t = decay * proj_q + tl.sum(us * (w * kq)[:, None], axis=0) + kq_t * u_t
+        tl.store(out_ptr + row * s_o_row + hv * s_o_head + offs_v,
+                 o_t.to(out_ptr.dtype.element_ty), mask=mask_v)
+        # append, flush step included: (C) folds it from the ring
+        tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring_q * s_ub_pos + offs_v,
+                 u_t.to(ubuf_ptr.dtype.element_ty), mask=mask_v)
+        tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring_q, g_t)
+
+
 # --------------------------------------------------------------------------
 # launchers
 # --------------------------------------------------------------------------
 
 def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
-                   batch: int = 256) -> LaunchConfig:
+                   batch: int = 256, route: str = "output_only") -> LaunchConfig:
     """Not yet tuned on a GPU: the Mamba-2 kernel's measured shape (a large
-    tile, 2 warps at serving batch) carried over."""
+    tile, 2 warps at serving batch) carried over. For the split route a
+    SplitConfig whose projection (A) tile follows the same rule and whose
+    other knobs are SplitConfig's defaults (untuned: sweep on the GPU)."""
     bv = min(64, max(16, triton.next_power_of_2(head_v_dim)))
-    return LaunchConfig(block=bv if batch >= 32 else min(bv, 32),
-                        num_warps=2 if batch >= 32 else 4)
+    cfg = LaunchConfig(block=bv if batch >= 32 else min(bv, 32),
+                       num_warps=2 if batch >= 32 else 4)
+    if route in SPLIT_ROUTES:
+        # (C): fold items of at most 64 V rows. A whole 128-row head compiles
+        # offline (sm_90, scripts/kernel_regs.py) to 249 registers and 64 KiB
+        # shared at 8 warps (fp32, tl.dot), 64 rows to 208 / 32 KiB
+        return SplitConfig(block=cfg.block, num_warps=cfg.num_warps, fold_block=bv)
+    return cfg
+
+
+def default_route(batch: int, state_dtype: torch.dtype) -> str:
+    """The fused kernel until GPU measurements say where the split route wins."""
+    return "output_only"
 
 
 def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, mixed_qkv,
             a, b, A_log, dt_bias, scale, out, buffer_len, num_k_heads, use_qk_l2norm, config,
-            validate):
+            validate, route="auto"):
     num_slots, HV, V, K = checkpoint.shape
     H = num_k_heads
     cap = u_buffer.shape[2]
@@ -222,6 +372,12 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     check(g_buffer.dtype == torch.float32, f"g_buffer must be float32, got {g_buffer.dtype}")
     check(k_buffer.dtype in ACT_DTYPES and u_buffer.dtype in ACT_DTYPES,
           f"k_buffer/u_buffer dtype must be one of {ACT_DTYPES}")
+    if route == "auto":
+        route = default_route(batch, checkpoint.dtype)
+    check(route in ROUTES, f"route must be one of {ROUTES} or 'auto', got {route!r}")
+    check(route not in SPLIT_ROUTES or mode == MODE_DECODE,
+          f"route {route!r} implements decode only; use route 'output_only' (or 'auto') for "
+          f"{'verify' if mode == MODE_VERIFY else 'flush'}")
 
     if mixed_qkv is not None:
         dim = 2 * H * K + HV * V
@@ -242,11 +398,20 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             check_finite(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     if validate:
         check_live_cursors(fill, slot_ids, num_slots, buffer_len)
+    BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
+    if route in SPLIT_ROUTES:
+        # config first: a bad one is refused before any launch
+        cfg = split_config(config or default_config(V, K, checkpoint.dtype, batch, route=route),
+                           HV // H)
+        if batch:
+            _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+                          mixed_qkv[:, 0], a[:, 0], b[:, 0], A_log, dt_bias, scale, out[:, 0],
+                          buffer_len, H, use_qk_l2norm, cfg, BLOCK_S)
+        return out
     if batch == 0:
         return out
 
     cfg = config or default_config(V, K, checkpoint.dtype, batch)
-    BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
     BLOCK_K = max(16, triton.next_power_of_2(K))
     qkv = mixed_qkv if mixed_qkv is not None else g_buffer.new_empty(batch, 1, 1)
     a_ = a if a is not None else qkv
@@ -271,9 +436,52 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     return out
 
 
+def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+                  mixed_qkv, a, b, A_log, dt_bias, scale, out, buffer_len, H, use_qk_l2norm, cfg,
+                  BLOCK_S):
+    """The split decode step on checked tensors: mixed_qkv [b, 2*H*K + HV*V],
+    a/b [b, HV], out [b, HV, V], cfg a checked SplitConfig. Three launches on
+    the current stream, in this order: (A) reads the checkpoint before (C)
+    writes it, and (B) appends the token to the ring before (C) folds it from
+    there. The cursors are only read; ``cursors.commit`` follows, unchanged."""
+    num_slots, HV, V, K = checkpoint.shape
+    batch = slot_ids.shape[0]
+    hpg = HV // H
+
+    # (A) proj[row, 0, hv] = h_c q_raw, proj[row, 1, hv] = h_c k_raw (fp32
+    # scratch [b, 2, HV, V]): the raw q | k halves of mixed_qkv viewed as
+    # [b, 2, H, K] (no copy), norms and scale applied in (B). torch.empty is
+    # fine under CUDA graphs: the graph's private pool gives the same buffer
+    # on every replay, and (B) reads only entries (A) wrote in the same step.
+    qk = mixed_qkv[:, :2 * H * K].unflatten(-1, (2, H, K))
+    proj = project_state(checkpoint, slot_ids, qk, heads_per_group=hpg,
+                         config=LaunchConfig(cfg.block, cfg.num_warps))
+
+    # (B) outputs + append (every live row, flush step included)
+    _gdn_split_outputs_kernel[(batch, HV // cfg.out_heads)](
+        proj, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+        mixed_qkv, a, b, A_log, dt_bias, out, float(scale),
+        H, HV, K, V, u_buffer.shape[2],
+        proj.stride(0), proj.stride(1), proj.stride(2),
+        k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
+        u_buffer.stride(0), u_buffer.stride(1), u_buffer.stride(2),
+        g_buffer.stride(0), g_buffer.stride(1),
+        mixed_qkv.stride(0), a.stride(0), b.stride(0), out.stride(0), out.stride(1),
+        HEADS=cfg.out_heads, BLOCK_S=BLOCK_S, BLOCK_V=max(16, triton.next_power_of_2(V)),
+        BLOCK_K=max(16, triton.next_power_of_2(K)), USE_QK_L2NORM=use_qk_l2norm,
+        num_warps=cfg.out_warps,
+    )
+
+    # (C) fold the rows whose decode flush rule fires (the others: a cursor
+    # scan): u as the per-head rows, k as the per-group keys, g the log decay
+    launch_split_fold(checkpoint, None, u_buffer, k_buffer, g_buffer, fill, origin, slot_ids,
+                      None, buffer_len=buffer_len, cfg=cfg, BLOCK_S=BLOCK_S)
+
+
 def gdn_replay_decode(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                       mixed_qkv, a, b, A_log, dt_bias, scale, *, buffer_len, num_k_heads,
-                      out=None, use_qk_l2norm=True, config=None, validate=False):
+                      out=None, use_qk_l2norm=True, route="auto", config=None,
+                      validate=False):
     """One decode step of a GDN layer from checkpoint + input buffer.
 
     Shapes (b = batch rows, S = pool slots, cap = buffer capacity):
@@ -287,7 +495,22 @@ def gdn_replay_decode(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
         slot_ids     [b] int32/int64, -1 = padded row (output zeros, pool untouched)
         mixed_qkv    [b, 2*H*K + HV*V] post-conv packed q|k|v (bf16/fp16/fp32)
         a, b         [b, HV]         A_log, dt_bias: [HV]
-        out          [b, HV, V] or None
+        out          [b, HV, V] or None (allocated in mixed_qkv's dtype)
+    Any stride is taken from the tensors except the innermost dim, which must
+    be contiguous.
+
+    route: "output_only" (the fused kernel, one launch; ``config`` a
+    LaunchConfig), "split" (three launches: (A) ``project_state`` of the
+    checkpoint against the raw q_t, k_t into a [b, 2, HV, V] fp32 scratch,
+    (B) outputs + ring append, (C) persistent fold of the flushing rows;
+    ``config`` a SplitConfig, a plain LaunchConfig sets (A)'s tile only), or
+    "auto" (:func:`default_route`). The split route appends every token to
+    the ring, the flushing one included, and folds it from there (needs
+    capacity >= buffer_len, which ``required_capacity(L, 1)`` gives); so a
+    decode flush leaves its token in a ring entry past the (then empty)
+    buffer, and with a bf16 ring the folded token's u and k are the ring's
+    rounded values (the fused kernel folds them unrounded). Otherwise both
+    routes leave the checkpoint and the ring equal up to fp32 rounding.
     Returns ``out`` [b, HV, V]. Afterwards ``cursors.commit(mode=MODE_DECODE)``.
     """
     if mixed_qkv.dim() != 2:
@@ -295,13 +518,14 @@ def gdn_replay_decode(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
     o = _launch(MODE_DECODE, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                 mixed_qkv.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias, scale,
                 None if out is None else out.unsqueeze(1), buffer_len, num_k_heads,
-                use_qk_l2norm, config, validate)
+                use_qk_l2norm, config, validate, route)
     return o.squeeze(1)
 
 
 def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                       mixed_qkv, a, b, A_log, dt_bias, scale, *, buffer_len, num_k_heads,
-                      out=None, use_qk_l2norm=True, config=None, validate=False):
+                      out=None, use_qk_l2norm=True, route="auto", config=None,
+                      validate=False):
     """Chain verification of T draft tokens per row, output-only.
 
     As :func:`gdn_replay_decode` with a window dim: mixed_qkv [b, T, dim],
@@ -310,18 +534,21 @@ def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
     one checkpoint read and appended to the ring after the committed history.
     The checkpoint is written only when the flush rule fires, and then with
     the committed history alone. Afterwards ``commit(mode=MODE_VERIFY, ...)``.
+    The split route is decode-only: ``route="split"`` raises ValueError (a
+    pool decoded on the split route verifies with the fused kernel).
     """
     if mixed_qkv.dim() != 3:
         raise ValueError(f"verify expects mixed_qkv [batch, T, dim], got {tuple(mixed_qkv.shape)}")
     return _launch(MODE_VERIFY, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                    mixed_qkv, a, b, A_log, dt_bias, scale, out, buffer_len, num_k_heads,
-                   use_qk_l2norm, config, validate)
+                   use_qk_l2norm, config, validate, route)
 
 
 def gdn_replay_flush(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, *,
-                     buffer_len, num_k_heads, config=None, validate=False):
+                     buffer_len, num_k_heads, route="auto", config=None, validate=False):
     """Fold each row's buffered tokens into its checkpoint (empty rows skipped).
-    Afterwards ``cursors.commit(mode=MODE_FLUSH)`` once for all layers."""
+    Afterwards ``cursors.commit(mode=MODE_FLUSH)`` once for all layers.
+    ``route="split"`` raises ValueError (the fused kernel flushes any pool)."""
     _launch(MODE_FLUSH, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
             None, None, None, None, None, 1.0, None, buffer_len, num_k_heads, True, config,
-            validate)
+            validate, route)

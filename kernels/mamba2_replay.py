@@ -35,7 +35,8 @@ cursor -> ring chain and no program carries the fold's registers:
 * (B) ``_mamba2_split_outputs_kernel``: y from proj, the cursors and the
   ring, then appends the token (x, B, dt) at position ``fill`` -- always, the
   flushing token too (decode capacity is buffer_len, so the entry exists);
-* (C) ``_mamba2_split_fold_kernel``: persistent; folds the fill + 1 ring
+* (C) :func:`~sglang_replayssm.kernels.fold.split_fold_kernel` (shared with
+  GDN): persistent; folds the fill + 1 ring
   entries of the rows whose flush rule fires, all others cost a cursor scan.
 
 The checkpoint and the ring end each step exactly as with the fused kernel
@@ -46,17 +47,17 @@ The float64 oracles are in :mod:`sglang_replayssm.reference`.
 """
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, check, check_finite,
-                     check_live_cursors, check_pool, dot_precision, interpreting, ring_positions,
-                     softplus)
+from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
+                     check_live_cursors, check_pool, dot_precision, ring_positions, softplus,
+                     split_config)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
+from .fold import fold_dot as _fold
+from .fold import launch_split_fold
+from .fold import split_fold_kernel as _mamba2_split_fold_kernel  # noqa: F401 (tests, regs)
 from .projection import project_state
 
 __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush",
@@ -65,15 +66,6 @@ __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush"
 ROUTES = ("output_only", "reconstruct", "split")
 # routes of three launches (projection, outputs, fold): MODE_DECODE only
 SPLIT_ROUTES = ("split",)
-
-
-@triton.jit
-def _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION: tl.constexpr):
-    """State after the positions selected by ``upto``: exp(total) h + sum_s
-    exp(total - cum_s) dt_s x_s B_s^T, where total = cum at the last one."""
-    w = tl.where(upto, tl.exp(tl.minimum(total - cum, 0.0)) * dt, 0.0)
-    return h * tl.exp(total) + tl.dot(tl.trans(xs * w[:, None]), Bs,
-                                      input_precision=DOT_PRECISION)
 
 
 @triton.jit
@@ -358,139 +350,9 @@ def _mamba2_split_outputs_kernel(
         tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring_q, dt_q)
 
 
-@triton.jit
-def _mamba2_split_fold_kernel(
-    ckpt_ptr, fold_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr, fill_ptr, origin_ptr, slot_ptr, A_ptr,
-    batch, nheads, heads_per_group, headdim, dstate, buffer_len, capacity,
-    s_ck_slot, s_ck_head, s_ck_p,
-    s_xb_slot, s_xb_head, s_xb_pos,
-    s_bb_slot, s_bb_group, s_bb_pos,
-    s_db_slot, s_db_head, s_A,
-    ROWS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_FOLD_COPY: tl.constexpr, FOLD_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """(C) Persistent: every program scans the batch's cursors (ROWS rows at a
-    time, as a vector), enumerates the work items (flushing row, head, P
-    block) of the decode flush rule fill + 1 >= buffer_len, and folds items
-    pid, pid + nprog, ... of that list. A step without a flushing row costs
-    the cursor scan only. Each row folds its fill + 1 ring entries (the
-    history and the token (B) just appended)."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    n_pblk = tl.cdiv(headdim, BLOCK_P)
-    per_row = nheads * n_pblk
-    offs_b = tl.arange(0, ROWS)
-    offs_p0 = tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_n = offs_n < dstate
-    # while loops, not range(): Triton 3.6's interpreter cannot take a runtime
-    # range bound under NumPy 2.4 (int() of a 1-element array)
-    done = pid * 0  # items enumerated in earlier chunks (item g goes to program g % nprog)
-    start = pid * 0
-    while start < batch:
-        rows = start + offs_b
-        slots = tl.load(slot_ptr + rows, mask=rows < batch, other=-1).to(tl.int64)
-        live = slots >= 0
-        fills = tl.load(fill_ptr + slots, mask=live, other=0)
-        flush = live & (fills + 1 >= buffer_len)
-        rank = tl.cumsum(flush.to(tl.int32), axis=0) - 1
-        n_items = tl.sum(flush.to(tl.int32), axis=0) * per_row
-        i = (pid - done % nprog + nprog) % nprog
-        while i < n_items:
-            k = i // per_row
-            rem = i - k * per_row
-            head = rem // n_pblk
-            pblk = rem - head * n_pblk
-            sel = flush & (rank == k)
-            slot = tl.sum(tl.where(sel, slots, 0), axis=0)
-            fill = tl.sum(tl.where(sel, fills, 0), axis=0)
-            origin = tl.load(origin_ptr + slot)
-            group = head // heads_per_group
-            offs_p = pblk * BLOCK_P + offs_p0
-            mask_p = offs_p < headdim
-            m_pn = mask_p[:, None] & mask_n[None, :]
-            ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p \
-                + offs_n[None, :]
-            if HAS_FOLD_COPY:  # the fold copy is the precise one
-                h = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-            else:
-                h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-            A = tl.load(A_ptr + head * s_A).to(tl.float32)
-            upto = offs_s <= fill
-            ring = origin + offs_s
-            ring = tl.where(ring >= capacity, ring - capacity, ring)
-            dt = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring,
-                         mask=upto, other=0.0)
-            total = tl.sum(dt * A, axis=0)
-            if FOLD_DOT:
-                cum = tl.cumsum(dt * A, axis=0)
-                xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head
-                             + ring[:, None] * s_xb_pos + offs_p[None, :],
-                             mask=upto[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-                Bs = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group
-                             + ring[:, None] * s_bb_pos + offs_n[None, :],
-                             mask=upto[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-                h = _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION)
-            else:
-                # FMA outer products, one ring entry at a time (no [S, P] / [S, N]
-                # tiles, no dot accumulator layout)
-                h = h * tl.exp(total)
-                run = total * 0.0
-                s = fill * 0
-                while s <= fill:
-                    r = origin + s
-                    r = tl.where(r >= capacity, r - capacity, r)
-                    d = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + r)
-                    run += d * A
-                    ws = tl.exp(tl.minimum(total - run, 0.0)) * d
-                    xv = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + r * s_xb_pos
-                                 + offs_p, mask=mask_p, other=0.0).to(tl.float32)
-                    bv = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group
-                                 + r * s_bb_pos + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-                    h += (xv * ws)[:, None] * bv[None, :]
-                    s += 1
-            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
-            if HAS_FOLD_COPY:
-                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
-            i += nprog
-        done += n_items
-        start += ROWS
-
-
 # --------------------------------------------------------------------------
 # launchers
 # --------------------------------------------------------------------------
-
-@dataclass
-class SplitConfig(LaunchConfig):
-    """Launch knobs of the split route's three kernels. ``block``/``num_warps``
-    (inherited) are the projection's (A): headdim rows per program and warps.
-
-    out_heads     (B) heads per program, consecutive in one group (divides H/G):
-                  1 = grid (batch, H); H/G = grid (batch, G), B_s . C computed
-                  once per group
-    out_warps     (B) warps per program
-    fold_block    (C) headdim rows per work item; 0 = whole head (power of 2)
-    fold_warps    (C) warps per program (8: few persistent programs per SM, so
-                  more loads in flight per program; offline sm_90 compile: no
-                  spills at 4 or 8 warps, scripts/kernel_regs.py)
-    fold_programs (C) persistent grid size; 0 = 2 per SM (GPU) / 2 (interpreter)
-    fold_rows     (C) batch rows scanned per chunk (power of 2); 0 = the whole
-                  batch rounded up to a power of 2, at most 1024
-    fold_dot      (C) True: tl.dot fold ([P, S] x [S, N], tf32x3 on GPU, ieee
-                  in the interpreter, as the fused kernel); False: FMA outer
-                  products, one ring entry at a time
-    """
-
-    out_heads: int = 1
-    out_warps: int = 2
-    fold_block: int = 0
-    fold_warps: int = 8
-    fold_programs: int = 0
-    fold_rows: int = 0
-    fold_dot: bool = True
-
 
 def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
                    batch: int = 256, route: str = "output_only") -> LaunchConfig:
@@ -641,19 +503,6 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _fold_programs(device) -> int:
-    """(C)'s default persistent grid: 2 programs per SM (interpreter: 2)."""
-    if interpreting() or device.type != "cuda":
-        return 2
-    return 2 * _sm_count(device.index if device.index is not None else
-                         torch.cuda.current_device())
-
-
 def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
                   x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, buffer_len, checkpoint_fold,
                   config, BLOCK_S):
@@ -666,17 +515,10 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     cap = x_buffer.shape[2]
     batch = slot_ids.shape[0]
     hpg = H // G
-    cfg = config or default_config(P, N, checkpoint.dtype, batch, route="split")
-    if not isinstance(cfg, SplitConfig):  # a plain LaunchConfig sets (A) only
-        cfg = SplitConfig(block=cfg.block, num_warps=cfg.num_warps)
-    check(cfg.out_heads >= 1 and hpg % cfg.out_heads == 0,
-          f"SplitConfig.out_heads={cfg.out_heads} must divide the heads per group ({hpg})")
+    cfg = split_config(config or default_config(P, N, checkpoint.dtype, batch, route="split"),
+                       hpg)
     BLOCK_P = max(16, triton.next_power_of_2(P))
     BLOCK_N = max(16, triton.next_power_of_2(N))
-    fold_block = cfg.fold_block or BLOCK_P
-    fold_rows = cfg.fold_rows or min(1024, triton.next_power_of_2(batch))
-    check(fold_block & (fold_block - 1) == 0 and fold_rows & (fold_rows - 1) == 0,
-          "SplitConfig.fold_block / fold_rows must be powers of 2")
     dummy = dt_buffer
 
     # (A) proj[row, head, :] = h_c C_q, fp32 scratch. torch.empty is fine
@@ -707,19 +549,8 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     )
 
     # (C) fold the rows whose decode flush rule fires (the others: a cursor scan)
-    nprog = cfg.fold_programs or _fold_programs(checkpoint.device)
-    _mamba2_split_fold_kernel[(nprog,)](
-        checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
-        x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids, A,
-        batch, H, hpg, P, N, buffer_len, cap,
-        checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
-        x_buffer.stride(0), x_buffer.stride(1), x_buffer.stride(2),
-        B_buffer.stride(0), B_buffer.stride(1), B_buffer.stride(2),
-        dt_buffer.stride(0), dt_buffer.stride(1), A.stride(0),
-        ROWS=fold_rows, BLOCK_S=BLOCK_S, BLOCK_P=fold_block, BLOCK_N=BLOCK_N,
-        HAS_FOLD_COPY=checkpoint_fold is not None, FOLD_DOT=bool(cfg.fold_dot),
-        DOT_PRECISION=dot_precision(), num_warps=cfg.fold_warps,
-    )
+    launch_split_fold(checkpoint, checkpoint_fold, x_buffer, B_buffer, dt_buffer, fill, origin,
+                      slot_ids, A, buffer_len=buffer_len, cfg=cfg, BLOCK_S=BLOCK_S)
 
 
 def mamba2_replay_decode(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,

@@ -22,7 +22,10 @@ slot indices, q/k L2 norm in the kernel):
                      d/k (state dtype) and g (fp32) rings of L entries, per-row
                      write_pos and force_flush cursors
   * ours          -- gdn_replay_decode + cursors.commit(MODE_DECODE): k ring bf16,
-                     u ring fp32 for an fp32 state (parity) / bf16 for bf16, g fp32
+                     u ring fp32 for an fp32 state (parity) / bf16 for bf16, g fp32;
+                     route output_only (the fused kernel, default) or split
+                     (projection, outputs, persistent fold: ``--routes
+                     output_only,split``)
 
 Timing. Every arm runs a *whole buffer cycle* of L consecutive steps captured
 in one CUDA graph (ReplaySSM: L-1 plain steps + 1 flush step, each followed by
@@ -84,12 +87,12 @@ def parse():
     ap.add_argument("--main-buffer-len", type=int, default=16)
     ap.add_argument("--routes", default=None,
                     help="routes timed for the first shape at --main-buffer-len "
-                         "(mamba2 default: output_only,reconstruct; also: split; gdn has one "
-                         "route)")
+                         "(mamba2 default: output_only,reconstruct; also: split; gdn default: "
+                         "auto = output_only; also: split)")
     ap.add_argument("--split-config", default="",
-                    help="mamba2 split route: SplitConfig fields overriding the default, e.g. "
-                         "out_heads=16,out_warps=4,fold_programs=528,fold_dot=0 (--sweep "
-                         "sweeps block/num_warps of its projection kernel)")
+                    help="split route (both families): SplitConfig fields overriding the "
+                         "default, e.g. out_heads=16,out_warps=4,fold_programs=528,fold_dot=0 "
+                         "(--sweep sweeps block/num_warps of its projection kernel)")
     ap.add_argument("--u-buffer-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="gdn: dtype of our u ring (auto: float32 for an fp32 state, else bf16)")
     ap.add_argument("--k-buffer-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -253,8 +256,23 @@ class Family:
         return True
 
     def route_config(self, cfg, route, shape, sdt_t, b):
-        """The config a route is launched with, from a swept/default one."""
-        return cfg
+        """The config a route is launched with, from a swept/default one. Split
+        route: a SplitConfig whose projection tile is the swept or default
+        (block, num_warps), other fields default or --split-config."""
+        if route not in self.m.SPLIT_ROUTES:
+            return cfg
+        base = self.default_config(shape, sdt_t, b, route=route)
+        if cfg is not None:
+            base = dataclasses.replace(base, block=cfg.block, num_warps=cfg.num_warps)
+        over = {}
+        for kv in filter(None, self.args.split_config.split(",")):
+            k, v = kv.split("=")
+            typ = type(getattr(base, k))  # AttributeError names a wrong field
+            over[k] = bool(int(v)) if typ is bool else typ(v)
+        return dataclasses.replace(base, **over)
+
+    def route_name(self, route, b, sdt_t):
+        return self.m.default_route(b, sdt_t) if route == "auto" else route
 
     def check_text(self, c):
         route = f" {c['route']}" if c.get("route") else ""
@@ -345,22 +363,6 @@ class Mamba2(Family):
             fill=torch.zeros(S, dtype=torch.int32, device=dev),
             origin=torch.zeros(S, dtype=torch.int32, device=dev), cap=cap)
 
-    def route_config(self, cfg, route, shape, sdt_t, b):
-        """Split route: a SplitConfig whose projection tile is the swept or
-        default (block, num_warps), other fields default or --split-config."""
-        if route not in self.m.SPLIT_ROUTES:
-            return cfg
-        H, P, N, G, _ = self.shapes[shape]
-        base = self.m.default_config(P, N, sdt_t, b, route=route)
-        if cfg is not None:
-            base = dataclasses.replace(base, block=cfg.block, num_warps=cfg.num_warps)
-        over = {}
-        for kv in filter(None, self.args.split_config.split(",")):
-            k, v = kv.split("=")
-            typ = type(getattr(base, k))  # AttributeError names a wrong field
-            over[k] = bool(int(v)) if typ is bool else typ(v)
-        return dataclasses.replace(base, **over)
-
     def replay_fns(self, shape, state, pool, c, idx, out, L, route, cfg=None):
         cfg = self.route_config(cfg, route, shape, state.dtype, idx.shape[0])
 
@@ -405,15 +407,12 @@ class Mamba2(Family):
         return dict(route=self.route_name(route, idx.shape[0], state0.dtype),
                     max_rel_diff_vs_stock_triton=worst)
 
-    def default_config(self, shape, sdt_t, b):
+    def default_config(self, shape, sdt_t, b, route="output_only"):
         H, P, N, G, _ = self.shapes[shape]
-        return self.m.default_config(P, N, sdt_t, b)
+        return self.m.default_config(P, N, sdt_t, b, route=route)
 
     def cfg_fits(self, cfg, shape):
         return cfg.block <= max(16, triton.next_power_of_2(self.shapes[shape][1]))
-
-    def route_name(self, route, b, sdt_t):
-        return self.m.default_route(b, sdt_t) if route == "auto" else route
 
     def md_columns(self):
         return [
@@ -546,13 +545,15 @@ class GDN(Family):
             origin=torch.zeros(S, dtype=torch.int32, device=dev), cap=cap)
 
     def replay_fns(self, shape, state, pool, c, idx, out, L, route, cfg=None):
+        cfg = self.route_config(cfg, route, shape, state.dtype, idx.shape[0])
         out3 = out[:, 0]  # [b, HV, V] view of the [b, 1, HV, V] output
 
         def step():
             self.m.gdn_replay_decode(
                 state, pool["k_buffer"], pool["u_buffer"], pool["g_buffer"], pool["fill"],
                 pool["origin"], idx, c["mixed_qkv"], c["a"], c["b"], c["A_log"], c["dt_bias"],
-                c["scale"], buffer_len=L, num_k_heads=c["H"], out=out3, config=cfg)
+                c["scale"], buffer_len=L, num_k_heads=c["H"], out=out3, route=route,
+                config=cfg)
 
         def cmt():
             self.commit(pool["fill"], pool["origin"], idx, mode=self.MODE_DECODE, buffer_len=L,
@@ -666,7 +667,7 @@ class GDN(Family):
             o1 = self.out_like(c, torch.float32)
             o2 = torch.empty_like(o1)
             self.stock_fn("triton", st_stock, c, idx, o1)()
-            s, cm = self.replay_fns(shape, st_ours, pool, c, idx, o2, L, "auto", cfg)
+            s, cm = self.replay_fns(shape, st_ours, pool, c, idx, o2, L, route, cfg)
             s()
             cm()
             outs.append(o1)
@@ -676,6 +677,7 @@ class GDN(Family):
                 worst_state = rel_diff(ref_state, st_ours[slots])
         pool["fill"].zero_()
         pool["origin"].zero_()
+        res["route"] = self.route_name(route, idx.shape[0], state0.dtype)
         res["max_rel_diff_vs_stock_triton"] = worst
         res["max_rel_state_diff_after_flush"] = worst_state
         res.update(self.row_extra(pool))  # the ring dtypes behind these numbers
@@ -703,27 +705,24 @@ class GDN(Family):
         return res
 
     def check_text(self, c):
-        return (f"{c['shape']} b={c['batch']}: ours "
+        return (f"{c['shape']} b={c['batch']} {c.get('route')}: ours "
                 f"{fmt(c.get('max_rel_diff_vs_stock_triton'), '.1e')}"
                 f" (state {fmt(c.get('max_rel_state_diff_after_flush'), '.1e')}; k ring "
                 f"{c.get('k_buffer_dtype')}, u ring {c.get('u_buffer_dtype')}), SGLang ReplaySSM "
                 f"{fmt(c.get('max_rel_diff_sglang_replay_vs_stock_triton'), '.1e')}")
 
-    def default_config(self, shape, sdt_t, b):
+    def default_config(self, shape, sdt_t, b, route="output_only"):
         H, HV, K, V, _ = self.shapes[shape]
-        return self.m.default_config(V, K, sdt_t, b)
+        return self.m.default_config(V, K, sdt_t, b, route=route)
 
     def cfg_fits(self, cfg, shape):
         return cfg.block <= max(16, triton.next_power_of_2(self.shapes[shape][3]))
-
-    def route_name(self, route, b, sdt_t):
-        return "output_only"  # the GDN kernel has one route: checkpoint read, output only
 
     def md_columns(self):
         pct = lambda v: fmt(v, ".0%")  # noqa: E731
         return [
             ("shape", lambda r: r["shape"]), ("state", lambda r: r["state_dtype"]),
-            ("L", lambda r: str(r["buffer_len"])),
+            ("L", lambda r: str(r["buffer_len"])), ("route", lambda r: r["route"]),
             ("u ring", lambda r: r.get("u_buffer_dtype", "n/a")),
             ("batch", lambda r: str(r["batch"])),
             ("ReplaySSM µs", lambda r: fmt(r["us"])),

@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Registers, spills and shared memory of the Mamba-2 split-route kernels for
-sm_90, compiled offline: no GPU needed (Triton's bundled ptxas), so launch
-knobs can be screened before spending device time.
+"""Registers, spills and shared memory of the split-route kernels (Mamba-2
+and GDN) for sm_90, compiled offline: no GPU needed (Triton's bundled
+ptxas), so launch knobs can be screened before spending device time.
 
 Approximates the JIT's specialisation at the Nemotron-H shape (H=128, P=64,
-N=128, G=8, L=16; bf16 activations, fp32 dt ring): 16-byte aligned pointers
-and every integer argument a multiple of 16. Without that, masks on runtime
+N=128, G=8, L=16; bf16 activations, fp32 dt ring) and the Qwen3-Next GDN
+shape (H=16, HV=32, K=V=128, L=16; bf16 activations and k ring, u ring fp32
+for an fp32 state / bf16 for bf16, as bench_kernels.py): 16-byte aligned
+pointers and every integer argument a multiple of 16. Without that, masks on runtime
 sizes block vectorisation and the counts are far too pessimistic. The real
 JIT can differ (e.g. a stride equal to 1 is specialised further): confirm the
 picked configs on the GPU (``kernel.n_regs`` / ``n_spills`` after a launch).
 
-usage: python scripts/kernel_regs.py     (TRITON_INTERPRET must be unset)
+usage: python scripts/kernel_regs.py [mamba2|gdn ...]   (default: both;
+       TRITON_INTERPRET must be unset)
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from sglang_replayssm.kernels import fold as fd  # noqa: E402
+from sglang_replayssm.kernels import gdn_replay as gdn  # noqa: E402
 from sglang_replayssm.kernels import mamba2_replay as m2  # noqa: E402
 from sglang_replayssm.kernels import projection as pj  # noqa: E402
 
@@ -36,11 +41,15 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 P, N, L = 64, 128, 16
 
 
+FLOATS = {"scale"}  # float scalar arguments (no divisibility hint)
+
+
 def report(name, fn, ptr_types, consts, num_warps):
     sig = {n: "constexpr" if n in consts else (ptr_types.get(n, "*fp32") if n.endswith("_ptr")
-                                                else "i32") for n in fn.arg_names}
+                                                else "fp32" if n in FLOATS else "i32")
+           for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n] != "constexpr"}
+             if sig[n] not in ("constexpr", "fp32")}
     k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=TARGET,
                        options={"num_warps": num_warps})
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
@@ -54,7 +63,7 @@ def report(name, fn, ptr_types, consts, num_warps):
           f"{spill.group(1) if spill else '?':>4} B spilled, {k.metadata.shared:>6} B shared")
 
 
-def main():
+def mamba2():
     state = {"fp32": "*fp32", "bf16": "*bf16"}
     act = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "fill_ptr": "*i32",
            "origin_ptr": "*i32", "slot_ptr": "*i32", "x_ptr": "*bf16", "dt_ptr": "*bf16",
@@ -77,10 +86,54 @@ def main():
             for block in (32, 64):
                 for nw in (4, 8):
                     report(f"(C) fold {sdt} fold_dot={dot} fold_block={block}",
-                           m2._mamba2_split_fold_kernel, dict(act, ckpt_ptr=ptr, fold_ptr=ptr),
-                           {"ROWS": 256, "BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N,
-                            "HAS_FOLD_COPY": False, "FOLD_DOT": dot,
+                           fd.split_fold_kernel,
+                           dict(act, ckpt_ptr=ptr, fold_ptr=ptr, vbuf_ptr="*bf16",
+                                kbuf_ptr="*bf16", gbuf_ptr="*fp32"),
+                           {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": N,
+                            "HAS_FOLD_COPY": False, "FOLD_DOT": dot, "DT_GATED": True,
                             "DOT_PRECISION": "tf32x3"}, nw)
+
+
+def gdn_split():
+    K = V = 128
+    for sdt in ("fp32", "bf16"):
+        ptr = f"*{sdt}"
+        ring = {"kbuf_ptr": "*bf16", "ubuf_ptr": ptr, "gbuf_ptr": "*fp32", "fill_ptr": "*i32",
+                "origin_ptr": "*i32", "slot_ptr": "*i32", "proj_ptr": "*fp32",
+                "qkv_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
+                "dt_bias_ptr": "*bf16", "out_ptr": "*bf16"}
+        for block in (32, 64):
+            for nw in (1, 2, 4):
+                report(f"GDN (A) projection {sdt} 2 vectors block={block}",
+                       pj._projection_kernel,
+                       {"state_ptr": ptr, "slot_ptr": "*i32", "vec_ptr": "*bf16",
+                        "out_ptr": "*fp32"},
+                       {"NUM_VEC": 2, "BLOCK_R": block, "BLOCK_K": K}, nw)
+        for heads in (1, 2):
+            for nw in (1, 2, 4):
+                report(f"GDN (B) outputs u ring {sdt} out_heads={heads}",
+                       gdn._gdn_split_outputs_kernel, ring,
+                       {"HEADS": heads, "BLOCK_S": L, "BLOCK_V": V, "BLOCK_K": K,
+                        "USE_QK_L2NORM": True}, nw)
+        for dot in (True, False):
+            for block in (32, 64, 128):
+                for nw in (4, 8):
+                    report(f"GDN (C) fold {sdt} fold_dot={dot} fold_block={block}",
+                           fd.split_fold_kernel,
+                           {"ckpt_ptr": ptr, "fold_ptr": ptr, "vbuf_ptr": ptr,
+                            "kbuf_ptr": "*bf16", "gbuf_ptr": "*fp32", "fill_ptr": "*i32",
+                            "origin_ptr": "*i32", "slot_ptr": "*i32", "A_ptr": "*fp32"},
+                           {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": K,
+                            "HAS_FOLD_COPY": False, "FOLD_DOT": dot, "DT_GATED": False,
+                            "DOT_PRECISION": "tf32x3"}, nw)
+
+
+def main():
+    which = sys.argv[1:] or ["mamba2", "gdn"]
+    if "mamba2" in which:
+        mamba2()
+    if "gdn" in which:
+        gdn_split()
 
 
 if __name__ == "__main__":

@@ -30,12 +30,14 @@ def _check_interpreter():
         return
     from triton.runtime.interpreter import InterpretedFunction
     for name in ("sglang_replayssm.kernels.mamba2_replay", "sglang_replayssm.kernels.cursors",
-                 "sglang_replayssm.kernels.projection"):
+                 "sglang_replayssm.kernels.projection", "sglang_replayssm.kernels.fold",
+                 "sglang_replayssm.kernels.gdn_replay"):
         mod = sys.modules.get(name)
         if mod is None:
             continue
         for attr in ("_mamba2_replay_kernel", "_mamba2_split_outputs_kernel",
-                     "_mamba2_split_fold_kernel", "_projection_kernel", "_commit_kernel"):
+                     "_mamba2_split_fold_kernel", "_projection_kernel", "_commit_kernel",
+                     "split_fold_kernel", "_gdn_replay_kernel", "_gdn_split_outputs_kernel"):
             fn = getattr(mod, attr, None)
             if fn is not None and not isinstance(fn, InterpretedFunction):
                 raise RuntimeError(

@@ -7,10 +7,15 @@ is covered by the GPU test against SGLang's kernel.
 """
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+
 import pytest
 import torch
 
 from sglang_replayssm.kernels import cursors as cur
+from sglang_replayssm.kernels import gdn_replay as gdn
+from sglang_replayssm.kernels.common import SplitConfig
 from sglang_replayssm.kernels.cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, commit
 from sglang_replayssm.kernels.gdn_replay import (gdn_replay_decode, gdn_replay_flush,
                                                  gdn_replay_verify)
@@ -20,13 +25,33 @@ F32, BF16 = torch.float32, torch.bfloat16
 TOL = {F32: 1e-5, BF16: 2e-2}
 
 
+def split(**knobs):
+    """A split-route config: default (A) tile (block 32 = all of the tests'
+    V, 2 warps) plus SplitConfig knobs."""
+    return SplitConfig(block=32, num_warps=2, **knobs)
+
+
+# Decode routes, each case run on both: the fused kernel and the split route
+# with its knobs spread over the cases (a v-head pair per outputs program,
+# the FMA fold, fold items of half a head, 1 or 3 persistent fold programs so
+# that a program loops over several items, cursor scans in chunks of 2 rows).
+ROUTES = {
+    "fused": ("output_only", None),
+    "split": ("split", split()),
+    "split_pairs_fma": ("split", split(out_heads=2, fold_dot=False, fold_programs=1)),
+    "split_halves_chunks": ("split", split(out_heads=2, fold_block=16, fold_rows=2,
+                                           fold_programs=3)),
+}
+
+
 class Pool:
     """A GDN layer's pool (checkpoint, rings, cursors) plus its float64 twin."""
 
     def __init__(self, device, *, H=2, ratio=2, K=16, V=32, S=6, L=4, T=1, state=F32,
-                 ring=F32, seed=0):
+                 ring=F32, seed=0, route="fused"):
         self.dev, self.H, self.HV, self.K, self.V, self.S, self.L, self.T = \
             device, H, H * ratio, K, V, S, L, T
+        self.route, self.config = ROUTES[route]  # decode's
         self.gen = torch.Generator().manual_seed(seed)
         self.cap = cur.required_capacity(L, T)
         self.ckpt = (self.randn(S, self.HV, V, K) * 0.3).to(state).to(device)
@@ -63,6 +88,11 @@ class Pool:
     def pool_args(self):
         return (self.ckpt, self.kb, self.ub, self.gb, self.fill, self.origin)
 
+    def decode(self, slots, qkv, a, b, **kw):
+        return gdn_replay_decode(*self.pool_args(), slots, qkv, a, b, self.A_log, self.dt_bias,
+                                 self.scale, buffer_len=self.L, num_k_heads=self.H,
+                                 route=self.route, config=self.config, **kw)
+
     def rel(self, got, ref):
         return float((got.double().cpu() - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
 
@@ -73,8 +103,7 @@ def decode_steps(pool, slots, steps, check=True):
     for _ in range(steps):
         qkv, a, b = pool.inputs(len(slots))
         fill0 = pool.fill.cpu().clone()
-        y = gdn_replay_decode(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
-                              pool.scale, buffer_len=pool.L, num_k_heads=pool.H, validate=True)
+        y = pool.decode(slots, qkv, a, b, validate=True)
         commit(pool.fill, pool.origin, slots, mode=MODE_DECODE, buffer_len=pool.L,
                capacity=pool.cap)
         for r, s in enumerate(slots.tolist()):
@@ -91,22 +120,35 @@ def decode_steps(pool, slots, steps, check=True):
     return flushes
 
 
-@pytest.mark.parametrize("ratio", [1, 2, 4])
-def test_decode_across_flushes_staggered_and_padded(device, ratio):
-    pool = Pool(device, ratio=ratio, L=4)
+# (ratio, route): every GVA ratio on the fused kernel and on the split route,
+# the split knobs spread over the ratios (out_heads=2 needs ratio >= 2)
+STAGGER_CASES = [(r, "fused") for r in (1, 2, 4)] + [
+    (1, "split"), (2, "split_pairs_fma"), (4, "split_halves_chunks")]
+
+
+@pytest.mark.parametrize("ratio,route", STAGGER_CASES, ids=[f"{r}-{n}" for r, n in STAGGER_CASES])
+def test_decode_across_flushes_staggered_and_padded(device, ratio, route):
+    """Staggered cursors (so every fill level, flushing and not, meets the
+    others in one launch), a padded row (zero output), >= 2 flushes per row,
+    free slots bit-identical (NaN rings stay NaN: nothing wrote them)."""
+    pool = Pool(device, ratio=ratio, L=4, route=route)
     untouched = [0, 2]
-    snap = [t.clone() for t in (pool.ckpt[untouched], pool.kb[untouched], pool.ub[untouched])]
+    names = ("ckpt", "kb", "ub", "gb")
+    snap = [getattr(pool, n)[untouched].clone() for n in names]
     decode_steps(pool, torch.tensor([3], dtype=torch.int32, device=device), 2)  # stagger
     slots = torch.tensor([3, -1, 1, 5], dtype=torch.int32, device=device)
     flushes = decode_steps(pool, slots, 9)
     assert flushes >= 2 * 3  # every live row flushed at least twice
     assert pool.fill.cpu()[[3, 1, 5]].tolist() == [11 % 4, 9 % 4, 9 % 4]
-    for a, b in zip(snap, (pool.ckpt[untouched], pool.kb[untouched], pool.ub[untouched])):
-        assert torch.equal(a, b) or torch.equal(a.isnan(), b.isnan())
+    for n, a in zip(names, snap):
+        b = getattr(pool, n)[untouched]
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), n
 
 
-def test_bf16_state_and_rings(device):
-    pool = Pool(device, state=BF16, ring=BF16, L=4, seed=3)
+@pytest.mark.parametrize("route", ["fused", "split", "split_pairs_fma"])
+@pytest.mark.parametrize("state,ring", [(BF16, BF16), (F32, BF16)], ids=["bf16", "f32-bf16ring"])
+def test_bf16_state_and_rings(device, state, ring, route):
+    pool = Pool(device, state=state, ring=ring, L=4, seed=3, route=route)
     assert decode_steps(pool, torch.tensor([1, 4], dtype=torch.int32, device=device), 9) >= 4
 
 
@@ -149,8 +191,10 @@ def test_verify_random_acceptance(device):
         assert int(pool.fill[s]) == 0 and pool.rel(pool.ckpt[s], pool.ref[s]) < pool.tol
 
 
-def test_flush_only_then_decode(device):
-    pool = Pool(device, L=6, seed=5)
+@pytest.mark.parametrize("route", ["fused", "split"])
+def test_flush_only_then_decode(device, route):
+    """Decode, a flush-only pass (always the fused kernel), decode again."""
+    pool = Pool(device, L=6, seed=5, route=route)
     slots = torch.tensor([2, 0], dtype=torch.int32, device=device)
     decode_steps(pool, slots, 3)
     gdn_replay_flush(*pool.pool_args(), slots, buffer_len=pool.L, num_k_heads=pool.H)
@@ -161,14 +205,88 @@ def test_flush_only_then_decode(device):
     decode_steps(pool, slots, 7)
 
 
-def test_corrupted_ring_entry_is_caught(device):
-    """Teeth: one corrupted corrected value must move the output off the reference."""
-    pool = Pool(device, L=8, seed=9)
+def test_split_decode_after_verify_wrapped_ring(device):
+    """Split decode on a pool the fused kernel verified: a verify flush moves
+    origin (4 of a 6-entry ring), so the split kernels' ring reads and their
+    append wrap around; then >= 1 decode flush per row through (C)."""
+    T, L = 2, 5
+    pool = Pool(device, L=L, T=T, seed=8, route="split_pairs_fma")
+    slots = torch.tensor([4, 1], dtype=torch.int32, device=device)
+    acc = torch.full((2,), T, dtype=torch.int32, device=device)
+    for _ in range(3):  # fills 0 -> 2 -> 4 -> flush: fill 2, origin 4
+        qkv, a, b = pool.inputs(2, T)
+        gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
+                          pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True)
+        for r, s in enumerate(slots.tolist()):
+            for j in range(T):  # all drafts accepted: the twin steps through them all
+                _, pool.ref[s] = pool.eager(s, qkv[r, j], a[r, j], b[r, j])
+        commit(pool.fill, pool.origin, slots, mode=MODE_VERIFY, buffer_len=L, capacity=pool.cap,
+               window=T, accepted=acc)
+    assert pool.origin.cpu()[[4, 1]].tolist() == [4, 4] and pool.fill.cpu()[[4, 1]].tolist() == [2, 2]
+    assert decode_steps(pool, slots, 4) >= 2
+
+
+@pytest.mark.parametrize("route", ["fused", "split"])
+@pytest.mark.parametrize("target", ["u", "k", "g"])
+def test_corrupted_ring_entry_is_caught(device, route, target):
+    """Teeth: one corrupted ring entry (a corrected value, a key, a log decay)
+    must move the next output off the reference."""
+    pool = Pool(device, L=8, seed=9, route=route)
     slots = torch.tensor([1], dtype=torch.int32, device=device)
     decode_steps(pool, slots, 3)
-    pool.ub[1, 0, 1] += 1.0
+    if target == "u":
+        pool.ub[1, 0, 1] += 1.0
+    elif target == "k":
+        pool.kb[1, 0, 1] += 1.0
+    else:
+        pool.gb[1, 0, 1] -= 1.0
     with pytest.raises(AssertionError):
         decode_steps(pool, slots, 1)
+
+
+@pytest.mark.parametrize("knobs", [dict(), dict(out_heads=2, fold_dot=False)],
+                         ids=["dot", "pairs_fma"])
+def test_split_matches_fused_over_two_cycles(device, knobs):
+    """The split route against the fused one on the same pool and inputs: two
+    full buffer cycles from staggered cursors (every row flushes twice, at
+    different steps), outputs and checkpoints equal to fp32 rounding at every
+    step, cursors identical, the live ring entries of k and g bit-identical
+    (same normalisation, same gate formula) and u to fp32 rounding: u_t
+    depends on h_c k_t, which the split route forms as (h_c k_raw) / |k_raw|
+    in (A) + (B), the fused kernel as h_c (k_raw / |k_raw|)."""
+    L = 4
+    pools = [Pool(device, L=L, seed=4), Pool(device, L=L, seed=4)]
+    pools[1].config = split(**knobs)
+    pools[1].route = "split"
+    for p in pools:  # stagger: fills 2, 1, 0 before the cycles
+        for rows in ([5, -1, -1], [5, 0, -1]):
+            qkv, a, b = p.inputs(3)
+            p.decode(torch.tensor(rows, dtype=torch.int32, device=device), qkv, a, b)
+            commit(p.fill, p.origin, torch.tensor(rows, dtype=torch.int32, device=device),
+                   mode=MODE_DECODE, buffer_len=L, capacity=p.cap)
+    slots = torch.tensor([5, 0, 2], dtype=torch.int32, device=device)
+    # fp32 rounding of a different summation order compounding over flushes
+    tol = 1e-6 if knobs.get("fold_dot", True) else 3e-6
+    for step in range(2 * L):
+        inp = pools[0].inputs(3)
+        pools[1].inputs(3)  # keep the generators in step
+        outs = [p.decode(slots, *inp) for p in pools]
+        rel = lambda x, y: float((x - y).abs().max() / y.abs().max())  # noqa: E731
+        assert rel(outs[1], outs[0]) <= tol, f"step {step}: outputs"
+        assert rel(pools[1].ckpt, pools[0].ckpt) <= tol, f"step {step}: checkpoint"
+        for p in pools:
+            commit(p.fill, p.origin, slots, mode=MODE_DECODE, buffer_len=L, capacity=p.cap)
+        assert torch.equal(pools[0].fill, pools[1].fill)
+        assert torch.equal(pools[0].origin, pools[1].origin)
+        for s in slots.tolist():
+            live = [(int(pools[0].origin[s]) + i) % pools[0].cap
+                    for i in range(int(pools[0].fill[s]))]
+            for n in ("kb", "gb"):
+                x, y = getattr(pools[0], n)[s][:, live], getattr(pools[1], n)[s][:, live]
+                assert torch.equal(x, y), f"step {step}: {n} of slot {s}"
+            x, y = pools[0].ub[s][:, live], pools[1].ub[s][:, live]
+            assert not live or rel(y, x) <= tol, f"step {step}: u of slot {s}"
+    assert int((pools[0].fill[slots] == 0).sum()) >= 1
 
 
 def test_bad_input_is_rejected(device):
@@ -196,6 +314,44 @@ def test_bad_input_is_rejected(device):
         gdn_replay_verify(*pool.pool_args(), slots, bad, a, b, pool.A_log, pool.dt_bias,
                           pool.scale, validate=True, **kw)
     assert int(pool.fill[1]) == 0 and bool(pool.kb.isnan().all())  # nothing was written
+
+
+def test_split_route_rejects_verify_flush_and_bad_config(device):
+    """route="split" is decode-only: verify and flush name the route in their
+    error; a SplitConfig whose out_heads does not divide the v-heads per
+    k-head, or an unknown route, is refused before any launch."""
+    pool = Pool(device, L=4, T=2, ratio=2)
+    slots = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    kw = dict(buffer_len=4, num_k_heads=pool.H)
+    qkv, a, b = pool.inputs(2, 2)
+    before = [t.clone() for t in pool.pool_args()]
+    with pytest.raises(ValueError, match="route 'split' implements decode only.*verify"):
+        gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
+                          pool.scale, route="split", **kw)
+    with pytest.raises(ValueError, match="route 'split' implements decode only.*flush"):
+        gdn_replay_flush(*pool.pool_args(), slots, route="split", **kw)
+    qkv, a, b = pool.inputs(2)
+    pool.route, pool.config = "split", split(out_heads=3)
+    with pytest.raises(ValueError, match="out_heads=3 must divide"):
+        pool.decode(slots, qkv, a, b)
+    pool.config = replace(split(), fold_block=24)
+    with pytest.raises(ValueError, match="powers of 2"):
+        pool.decode(slots, qkv, a, b)
+    pool.route = "reconstruct"  # a Mamba-2 route
+    with pytest.raises(ValueError, match="route must be one of"):
+        pool.decode(slots, qkv, a, b)
+    for x, y in zip(before, pool.pool_args()):
+        assert torch.equal(x.isnan(), y.isnan()) and torch.equal(x.nan_to_num(), y.nan_to_num())
+
+
+def test_gdn_kernels_run_interpreted_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: kernels are compiled")
+    from triton.runtime.interpreter import InterpretedFunction
+    from sglang_replayssm.kernels import fold
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    for fn in (gdn._gdn_replay_kernel, gdn._gdn_split_outputs_kernel, fold.split_fold_kernel):
+        assert isinstance(fn, InterpretedFunction)
 
 
 @pytest.mark.gpu

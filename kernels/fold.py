@@ -1,0 +1,199 @@
+"""The split decode route's fold (C), shared by the Mamba-2 and GDN families.
+
+Both families fold the same shape of update into a checkpoint tile h
+[rows, K] (Mamba-2: [P, N] of head ``head``; GDN: [V, K] of v-head ``hv``):
+
+    h <- exp(total) h + sum_s exp(total - cum_s) w_s v_s k_s^T,
+    cum_s = sum_{r<=s} a_r,  total = cum at the last entry,
+
+from three rings of the input buffer, indexed like the checkpoint's heads:
+
+    ===========  ==========================  ===========================
+    ring         Mamba-2                     GDN
+    ===========  ==========================  ===========================
+    vbuf [S, heads, cap, rows]   x            u (corrected values)
+    kbuf [S, groups, cap, K]     B            k (L2-normalised keys)
+    gbuf [S, heads, cap] fp32    dt           g (log decay)
+    log decay a_s                A dt_s       g_s
+    weight w_s                   dt_s         1
+    ===========  ==========================  ===========================
+
+so one kernel serves both; ``DT_GATED`` (tl.constexpr) picks the column.
+Head ``head`` reads group ``head // heads_per_group`` (Mamba-2 ngroups, GDN
+GVA).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import dot_precision, interpreting
+
+__all__ = ["fold_dot", "split_fold_kernel", "launch_split_fold"]
+
+
+@triton.jit
+def fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION: tl.constexpr):
+    """State after the positions selected by ``upto``: exp(total) h + sum_s
+    exp(total - cum_s) w_in_s v_s k_s^T, where total = cum at the last one.
+    vs: [S, R]; ks: [S, K]; w_in, cum: [S]; h: [R, K]."""
+    w = tl.where(upto, tl.exp(tl.minimum(total - cum, 0.0)) * w_in, 0.0)
+    return h * tl.exp(total) + tl.dot(tl.trans(vs * w[:, None]), ks,
+                                      input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def split_fold_kernel(
+    ckpt_ptr, fold_ptr, vbuf_ptr, kbuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr, A_ptr,
+    batch, nheads, heads_per_group, rows, dim, buffer_len, capacity,
+    s_ck_slot, s_ck_head, s_ck_row,
+    s_vb_slot, s_vb_head, s_vb_pos,
+    s_kb_slot, s_kb_group, s_kb_pos,
+    s_gb_slot, s_gb_head, s_A,
+    ROWS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_FOLD_COPY: tl.constexpr, FOLD_DOT: tl.constexpr, DT_GATED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """(C) Persistent: every program scans the batch's cursors (ROWS rows at a
+    time, as a vector), enumerates the work items (flushing row, head, row
+    block) of the decode flush rule fill + 1 >= buffer_len, and folds items
+    pid, pid + nprog, ... of that list. A step without a flushing row costs
+    the cursor scan only. Each row folds its fill + 1 ring entries (the
+    history and the token the outputs kernel (B) just appended)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_rblk = tl.cdiv(rows, BLOCK_R)
+    per_row = nheads * n_rblk
+    offs_b = tl.arange(0, ROWS)
+    offs_r0 = tl.arange(0, BLOCK_R)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_k = offs_k < dim
+    # while loops, not range(): Triton 3.6's interpreter cannot take a runtime
+    # range bound under NumPy 2.4 (int() of a 1-element array)
+    done = pid * 0  # items enumerated in earlier chunks (item g goes to program g % nprog)
+    start = pid * 0
+    while start < batch:
+        brows = start + offs_b
+        slots = tl.load(slot_ptr + brows, mask=brows < batch, other=-1).to(tl.int64)
+        live = slots >= 0
+        fills = tl.load(fill_ptr + slots, mask=live, other=0)
+        flush = live & (fills + 1 >= buffer_len)
+        rank = tl.cumsum(flush.to(tl.int32), axis=0) - 1
+        n_items = tl.sum(flush.to(tl.int32), axis=0) * per_row
+        i = (pid - done % nprog + nprog) % nprog
+        while i < n_items:
+            k = i // per_row
+            rem = i - k * per_row
+            head = rem // n_rblk
+            rblk = rem - head * n_rblk
+            sel = flush & (rank == k)
+            slot = tl.sum(tl.where(sel, slots, 0), axis=0)
+            fill = tl.sum(tl.where(sel, fills, 0), axis=0)
+            origin = tl.load(origin_ptr + slot)
+            group = head // heads_per_group
+            offs_r = rblk * BLOCK_R + offs_r0
+            mask_r = offs_r < rows
+            m_rk = mask_r[:, None] & mask_k[None, :]
+            ck_off = slot * s_ck_slot + head * s_ck_head + offs_r[:, None] * s_ck_row \
+                + offs_k[None, :]
+            if HAS_FOLD_COPY:  # the fold copy is the precise one
+                h = tl.load(fold_ptr + ck_off, mask=m_rk, other=0.0).to(tl.float32)
+            else:
+                h = tl.load(ckpt_ptr + ck_off, mask=m_rk, other=0.0).to(tl.float32)
+            if DT_GATED:  # Mamba-2: log decay A dt, input weight dt
+                A = tl.load(A_ptr + head * s_A).to(tl.float32)
+            else:         # GDN: the ring holds the log decay g itself, weight 1
+                A = 1.0
+            upto = offs_s <= fill
+            ring = origin + offs_s
+            ring = tl.where(ring >= capacity, ring - capacity, ring)
+            gs = tl.load(gbuf_ptr + slot * s_gb_slot + head * s_gb_head + ring,
+                         mask=upto, other=0.0)
+            total = tl.sum(gs * A, axis=0)
+            if FOLD_DOT:
+                cum = tl.cumsum(gs * A, axis=0)
+                vs = tl.load(vbuf_ptr + slot * s_vb_slot + head * s_vb_head
+                             + ring[:, None] * s_vb_pos + offs_r[None, :],
+                             mask=upto[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
+                ks = tl.load(kbuf_ptr + slot * s_kb_slot + group * s_kb_group
+                             + ring[:, None] * s_kb_pos + offs_k[None, :],
+                             mask=upto[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+                if DT_GATED:
+                    w_in = gs
+                else:
+                    w_in = tl.where(upto, 1.0, 0.0)
+                h = fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION)
+            else:
+                # FMA outer products, one ring entry at a time (no [S, rows] /
+                # [S, K] tiles, no dot accumulator layout)
+                h = h * tl.exp(total)
+                run = total * 0.0
+                s = fill * 0
+                while s <= fill:
+                    r = origin + s
+                    r = tl.where(r >= capacity, r - capacity, r)
+                    d = tl.load(gbuf_ptr + slot * s_gb_slot + head * s_gb_head + r)
+                    run += d * A
+                    ws = tl.exp(tl.minimum(total - run, 0.0))
+                    if DT_GATED:
+                        ws = ws * d
+                    vv = tl.load(vbuf_ptr + slot * s_vb_slot + head * s_vb_head + r * s_vb_pos
+                                 + offs_r, mask=mask_r, other=0.0).to(tl.float32)
+                    kv = tl.load(kbuf_ptr + slot * s_kb_slot + group * s_kb_group
+                                 + r * s_kb_pos + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+                    h += (vv * ws)[:, None] * kv[None, :]
+                    s += 1
+            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rk)
+            if HAS_FOLD_COPY:
+                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_rk)
+            i += nprog
+        done += n_items
+        start += ROWS
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def fold_programs(device) -> int:
+    """(C)'s default persistent grid: 2 programs per SM (interpreter: 2)."""
+    if interpreting() or device.type != "cuda":
+        return 2
+    return 2 * _sm_count(device.index if device.index is not None else
+                         torch.cuda.current_device())
+
+
+def launch_split_fold(checkpoint, checkpoint_fold, vbuf, kbuf, gbuf, fill, origin, slot_ids,
+                      A, *, buffer_len, cfg, BLOCK_S):
+    """Launch (C) on checked tensors (see the module docstring for the rings):
+    checkpoint (and checkpoint_fold, same strides, or None) [S, heads, rows, K];
+    vbuf [S, heads, cap, rows]; kbuf [S, groups, cap, K]; gbuf [S, heads, cap]
+    fp32; fill/origin [S] int32 (this step's, before commit); slot_ids [b];
+    A [heads] fp32 (Mamba-2) or None (GDN: the ring holds the log decay).
+    cfg: SplitConfig (fold_block, fold_warps, fold_programs, fold_rows, fold_dot),
+    already checked by ``common.split_config``."""
+    _, H, R, K = checkpoint.shape
+    G = kbuf.shape[1]
+    batch = slot_ids.shape[0]
+    BLOCK_R = max(16, triton.next_power_of_2(R))
+    fold_block = cfg.fold_block or BLOCK_R
+    fold_rows = cfg.fold_rows or min(1024, triton.next_power_of_2(batch))
+    nprog = cfg.fold_programs or fold_programs(checkpoint.device)
+    split_fold_kernel[(nprog,)](
+        checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
+        vbuf, kbuf, gbuf, fill, origin, slot_ids, A if A is not None else gbuf,
+        batch, H, H // G, R, K, buffer_len, vbuf.shape[2],
+        checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
+        vbuf.stride(0), vbuf.stride(1), vbuf.stride(2),
+        kbuf.stride(0), kbuf.stride(1), kbuf.stride(2),
+        gbuf.stride(0), gbuf.stride(1), A.stride(0) if A is not None else 0,
+        ROWS=fold_rows, BLOCK_S=BLOCK_S, BLOCK_R=fold_block,
+        BLOCK_K=max(16, triton.next_power_of_2(K)),
+        HAS_FOLD_COPY=checkpoint_fold is not None, FOLD_DOT=bool(cfg.fold_dot),
+        DT_GATED=A is not None, DOT_PRECISION=dot_precision(), num_warps=cfg.fold_warps,
+    )
