@@ -212,6 +212,12 @@ def parse_generate_outputs(response) -> list[dict]:
     return outs
 
 
+# Below this spread of the stock greedy logprobs the logits are flat (SGLang's
+# dummy init gives -ln(vocab) everywhere) and a parity comparison is vacuous.
+FLAT_LOGPROB_SPREAD = 1e-3
+DUMMY_INIT_ENV = "SGLANG_REPLAYSSM_DUMMY_INIT"  # read by sglang_replayssm.plugin
+
+
 def compare_parity(stock: dict, replay: dict, *, model: str, checkpoint_dtype: str) -> dict:
     """greedy_parity entry of e2e_decode.json (design/RESULTS.md). The first
     divergence is the earliest position (then lowest prompt index) where the
@@ -237,10 +243,19 @@ def compare_parity(stock: dict, replay: dict, *, model: str, checkpoint_dtype: s
             gap = abs(a["logprobs"][j] - b["logprobs"][j])
         if first is None or (j, p) < (first["position"], first["prompt"]):
             first = {"prompt": p, "position": j, "logprob_gap": gap}
-    return {"model": model, "checkpoint_dtype": checkpoint_dtype, "prompts": len(s_out),
-            "tokens": max((len(o["ids"]) for o in s_out), default=0),
-            "identical_prompts": identical, "first_divergence": first,
-            "max_logprob_diff_before_divergence": max_diff}
+    stock_lp = [x for o in s_out for x in o["logprobs"]]
+    spread = (max(stock_lp) - min(stock_lp)) if stock_lp else 0.0
+    entry = {"model": model, "checkpoint_dtype": checkpoint_dtype, "prompts": len(s_out),
+             "tokens": max((len(o["ids"]) for o in s_out), default=0),
+             "identical_prompts": identical, "first_divergence": first,
+             "max_logprob_diff_before_divergence": max_diff,
+             "stock_logprob_spread": spread, "informative": spread >= FLAT_LOGPROB_SPREAD}
+    if not entry["informative"]:
+        entry["note"] = ("flat logits: every greedy logprob is ~ -ln(vocab), so the greedy "
+                         "tokens are decided below the logits' resolution and the comparison "
+                         "cannot tell the SSM paths apart (SGLang's uniform +-1e-3 dummy "
+                         "init); rerun with --dummy-init scaled")
+    return entry
 
 
 # --- the server --------------------------------------------------------------
@@ -255,13 +270,13 @@ def http_json(url: str, payload=None, timeout: float = 60.0):
 class Server:
     """launch_server in its own process group, log to a file, always killed."""
 
-    def __init__(self, cmd: list[str], log_path: str):
-        self.cmd, self.log_path, self.proc = cmd, log_path, None
+    def __init__(self, cmd: list[str], log_path: str, env: dict | None = None):
+        self.cmd, self.log_path, self.env, self.proc = cmd, log_path, env, None
 
     def __enter__(self):
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=self.env)
         log(f"server pid {self.proc.pid}, log {self.log_path}")
         return self
 
@@ -387,10 +402,16 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
               "buffer_len": args.buffer_len if arm in (REPLAY_ARM, SGLANG_REPLAY_ARM) else None,
               "command": " ".join(["python"] + [shlex.quote(a) for a in sys.argv]),
               "launch_command": shlex.join(launch), "bench_command": shlex.join(bench),
+              "dummy_init": args.dummy_init,
               **env, "rows": [], "parity": None, "error": None}
     log(f"{tag}: launch: {shlex.join(launch)}")
     try:
-        with Server(launch, os.path.join(args.log_dir, f"server_{tag}.log")) as server:
+        server_env = dict(os.environ)
+        server_env.pop(DUMMY_INIT_ENV, None)
+        if args.dummy_init == "scaled":
+            server_env[DUMMY_INIT_ENV] = "scaled"
+        with Server(launch, os.path.join(args.log_dir, f"server_{tag}.log"),
+                    env=server_env) as server:
             record["healthy_after_s"] = round(server.wait_healthy(url, args.health_timeout), 1)
             log(f"{tag}: healthy after {record['healthy_after_s']}s")
             record["openai_check"] = check_openai(url)
@@ -529,6 +550,7 @@ def merge_parity(records: list[dict]) -> list[dict]:
             entry = compare_parity(dumps[stock_arms[0]]["parity"], dumps[arm]["parity"],
                                    model=model, checkpoint_dtype=dumps[arm]["checkpoint_dtype"])
             entry["stock_arm"] = stock_arms[0]
+            entry["dummy_init"] = dumps[arm].get("dummy_init", "sglang")
             entries.append(entry)
     return entries
 
@@ -584,15 +606,20 @@ def markdown(doc: dict) -> str:
         lines.append("")
     if doc["greedy_parity"]:
         lines += ["## Greedy parity (ReplaySSM vs stock, temperature 0)", "",
-                  "| model | checkpoint dtype | vs | prompts x tokens | identical | first divergence |",
-                  "|---|---|---|---|---|---|"]
+                  "| model | checkpoint dtype | vs | dummy init | prompts x tokens | identical | "
+                  "first divergence | informative |",
+                  "|---|---|---|---|---|---|---|---|"]
         for p in doc["greedy_parity"]:
             fd = p["first_divergence"]
             fd_text = "none" if fd is None else (
                 f"prompt {fd['prompt']} at token {fd['position']}, logprob gap "
                 f"{_fmt(fd['logprob_gap'], 4)}")
             lines.append(f"| {p['model']} | {p['checkpoint_dtype']} | {p['stock_arm']} | "
-                         f"{p['prompts']} x {p['tokens']} | {p['identical_prompts']} | {fd_text} |")
+                         f"{p.get('dummy_init', 'sglang')} | {p['prompts']} x {p['tokens']} | "
+                         f"{p['identical_prompts']} | {fd_text} | "
+                         f"{'yes' if p.get('informative', True) else 'no'} |")
+        lines.append("")
+        lines += [f"- {p['model']}: {p['note']}" for p in doc["greedy_parity"] if p.get("note")]
         lines.append("")
     failed = [r for r in doc["runs"] if r["error"]]
     if failed:
@@ -666,6 +693,10 @@ def main(argv=None) -> int:
     run.add_argument("--output-len", type=int, default=256)
     run.add_argument("--parity", action="store_true",
                      help="also dump greedy tokens + logprobs (for greedy_parity in merge)")
+    run.add_argument("--dummy-init", choices=("sglang", "scaled"), default="sglang",
+                     help="scaled: dummy weights at trained-model scale in every arm "
+                          "(sglang_replayssm.dummy_init; needed for a greedy parity that "
+                          "depends on the SSM layers)")
     run.add_argument("--parity-prompts", type=int, default=64)
     run.add_argument("--parity-tokens", type=int, default=128)
     run.add_argument("--server-args", default="",

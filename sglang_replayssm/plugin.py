@@ -5,10 +5,13 @@ SGLang calls ``register()`` in the launcher before it parses the command line
 (srt/managers/scheduler.py:4895). It only adds the flags, unless ReplaySSM is
 enabled (the launcher exported SGLANG_REPLAYSSM_ENABLED=1 for the children):
 then it also installs the pool and backend hooks. Nothing CUDA-only is
-imported here.
+imported here. ``SGLANG_REPLAYSSM_DUMMY_INIT=scaled`` (a test knob, stock
+or not) swaps SGLang's dummy-weight init for sglang_replayssm.dummy_init.
 """
 
 from __future__ import annotations
+
+import os
 
 _registered = False
 
@@ -22,6 +25,12 @@ def register() -> None:
 
     sglang_hooks.check_sglang_version()
     sglang_hooks.install_cli_hooks()
+    dummy_init = os.environ.get(sglang_hooks.DUMMY_INIT_ENV, "")
+    if dummy_init not in ("", "sglang", "scaled"):
+        raise ValueError(f"{sglang_hooks.DUMMY_INIT_ENV} must be 'scaled' or 'sglang', "
+                         f"got {dummy_init!r}")
+    if dummy_init == "scaled":
+        sglang_hooks.install_dummy_init_hook()
     config = ReplayConfig.from_env()
     if config.enabled:
         sglang_hooks.install_replay_hooks(config.validate())

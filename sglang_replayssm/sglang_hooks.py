@@ -236,6 +236,29 @@ def install_replay_hooks(config: ReplayConfig) -> None:
                 config.buffer_len)
 
 
+# --------------------------------------------------------------------------
+# Test knob: dummy weights at trained-model scale (sglang_replayssm.dummy_init).
+# srt/model_loader/loader.py:111 imports initialize_dummy_weights by name and
+# DummyModelLoader.load_model calls it (:1456); replace that binding. Installed
+# in every process that has SGLANG_REPLAYSSM_DUMMY_INIT=scaled, stock or not,
+# so both arms of a parity comparison get the same weights.
+# --------------------------------------------------------------------------
+
+DUMMY_INIT_ENV = "SGLANG_REPLAYSSM_DUMMY_INIT"
+
+
+def install_dummy_init_hook() -> None:
+    from sglang.srt.model_loader import loader
+
+    from sglang_replayssm.dummy_init import scaled_dummy_weights
+
+    def initialize_dummy_weights(model, low=-1e-3, high=1e-3, seed=1234):
+        scaled_dummy_weights(model, seed=seed)
+
+    _patch(loader, "initialize_dummy_weights", initialize_dummy_weights)
+    logger.info("dummy weights: trained-model scale (%s=scaled)", DUMMY_INIT_ENV)
+
+
 def uninstall_all() -> None:
     """Undo every patch (tests)."""
     for (owner, name), original in list(_ORIGINALS.items()):

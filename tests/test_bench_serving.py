@@ -197,6 +197,15 @@ def test_compare_parity_finds_the_first_divergence():
     with pytest.raises(AssertionError):
         bs.compare_parity(STOCK_DUMP, dict(REPLAY_DUMP, prompts=[[1]] * 3), model="m",
                           checkpoint_dtype="auto")
+    assert e["informative"] and "note" not in e
+
+
+def test_compare_parity_flags_flat_logits():
+    # SGLang's dummy init: every logprob -ln(vocab); identical tokens prove nothing
+    flat = _dump([[1, 2], [3, 4]], [[-11.7834835] * 2, [-11.7834835] * 2])
+    e = bs.compare_parity(flat, flat, model="m", checkpoint_dtype="auto")
+    assert e["identical_prompts"] == 2 and not e["informative"]
+    assert "--dummy-init scaled" in e["note"]
 
 
 def test_parse_generate_outputs():

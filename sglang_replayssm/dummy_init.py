@@ -1,0 +1,68 @@
+"""Random weights at trained-model scale, for greedy-parity tests with dummy models.
+
+SGLang's ``--load-format dummy`` fills every parameter with uniform(-1e-3,
+1e-3) (``model_loader/weight_utils.py`` ``initialize_dummy_weights``). At that
+scale an SSM layer's contribution to the residual stream is far below what
+the logits can resolve: every served logprob comes out as -ln(vocab) and the
+greedy token depends on the last input token only, so comparing ReplaySSM's
+greedy output with stock SGLang's tests nothing about the SSM. This init
+makes the SSM matter:
+
+* 2-D+ weights (projections, embeddings, lm head, conv filters): normal(0, 0.02);
+* Mamba-2 ``A`` (SGLang stores -exp(A_log)): -uniform(1, 16); GDN ``A_log``:
+  log uniform(1, 16);
+* ``dt_bias``: softplus^-1 of a log-uniform step in [1e-3, 1e-1] (Mamba's init);
+* ``D``: 1; other 1-D parameters: 1 for norm weights, 0 otherwise (biases).
+
+Deterministic like SGLang's: one generator per parameter seeded with
+``seed`` (+ a stable hash of the name), so stock and ReplaySSM servers of
+the same model get the same weights. Selected with the environment variable
+``SGLANG_REPLAYSSM_DUMMY_INIT=scaled`` (a test knob, see
+:func:`sglang_replayssm.sglang_hooks.install_dummy_init_hook`).
+"""
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+
+__all__ = ["scaled_dummy_weights"]
+
+WEIGHT_STD = 0.02
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _fill(name: str, t: torch.Tensor, g: torch.Generator) -> None:
+    leaf = _leaf(name)
+    f32 = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+    if leaf == "A":
+        f32.uniform_(1.0, 16.0, generator=g).neg_()
+    elif leaf == "A_log":
+        f32.uniform_(1.0, 16.0, generator=g).log_()
+    elif leaf == "dt_bias":
+        dt = torch.exp(f32.uniform_(math.log(1e-3), math.log(1e-1), generator=g))
+        f32 = dt + torch.log(-torch.expm1(-dt))  # softplus^-1(dt)
+    elif leaf == "D":
+        f32.fill_(1.0)
+    elif t.dim() >= 2:
+        f32.normal_(0.0, WEIGHT_STD, generator=g)
+    elif "norm" in name and leaf == "weight":
+        f32.fill_(1.0)
+    else:
+        f32.zero_()
+    t.copy_(f32.to(t.dtype))
+
+
+@torch.no_grad()
+def scaled_dummy_weights(model: torch.nn.Module, seed: int = 1234) -> None:
+    """Fill ``model``'s floating-point state in place (see the module doc)."""
+    for name, t in model.state_dict().items():
+        if not torch.is_floating_point(t) or torch.finfo(t.dtype).bits < 16:
+            continue  # ints / fp8 storage: leave SGLang's values
+        g = torch.Generator(device=t.device)
+        g.manual_seed(seed + zlib.crc32(name.encode()))
+        _fill(name, t, g)
