@@ -92,30 +92,35 @@ def arms_for(family: str) -> list[str]:
     return arms + [REPLAY_ARM]
 
 
-def arm_label(arm: str, checkpoint_dtype: str) -> str:
-    """replayssm with a non-default checkpoint dtype is its own arm."""
-    if arm == REPLAY_ARM and checkpoint_dtype != "auto":
-        return f"{REPLAY_ARM}-{checkpoint_dtype}"
-    return arm
+def arm_label(arm: str, checkpoint_dtype: str, decode_route: str = "auto") -> str:
+    """replayssm with a non-default checkpoint dtype or decode route is its own arm."""
+    if arm != REPLAY_ARM:
+        return arm
+    parts = [REPLAY_ARM] + [p for p in (checkpoint_dtype, decode_route) if p != "auto"]
+    return "-".join(parts)
 
 
-def arm_flags(family: str, arm: str, buffer_len: int, checkpoint_dtype: str) -> list[str]:
+def arm_flags(family: str, arm: str, buffer_len: int, checkpoint_dtype: str,
+              decode_route: str = "auto") -> list[str]:
     if arm in STOCK_ARM_FLAGS[family]:
         return list(STOCK_ARM_FLAGS[family][arm])
     if arm == SGLANG_REPLAY_ARM and family == "gdn":
         return ["--enable-linear-replayssm", "--linear-replayssm-cache-len", str(buffer_len)]
     if arm == REPLAY_ARM:
-        return ["--enable-replayssm", "--replayssm-buffer-len", str(buffer_len),
-                "--replayssm-checkpoint-dtype", checkpoint_dtype]
+        return (["--enable-replayssm", "--replayssm-buffer-len", str(buffer_len),
+                 "--replayssm-checkpoint-dtype", checkpoint_dtype]
+                + ([] if decode_route == "auto" else ["--replayssm-decode-route", decode_route]))
     raise ValueError(f"arm {arm!r} does not exist for a {family} model (arms: {arms_for(family)})")
 
 
 def server_command(model_path: str, family: str, arm: str, *, port: int, buffer_len: int = 16,
-                   checkpoint_dtype: str = "auto", extra_args=(), python: str = sys.executable):
+                   checkpoint_dtype: str = "auto", decode_route: str = "auto", extra_args=(),
+                   python: str = sys.executable):
     return ([python, "-m", "sglang.launch_server", "--model-path", model_path,
              "--host", "127.0.0.1", "--port", str(port)]
             + COMMON_SERVER_FLAGS + FAMILY_SERVER_FLAGS[family]
-            + arm_flags(family, arm, buffer_len, checkpoint_dtype) + list(extra_args))
+            + arm_flags(family, arm, buffer_len, checkpoint_dtype, decode_route)
+            + list(extra_args))
 
 
 def bench_command(model_path: str, base_url: str, *, batch_sizes, input_len: int,
@@ -384,7 +389,7 @@ def check_openai(url: str) -> dict:
 
 
 def run_arm(args, arm: str, family: str, env: dict) -> dict:
-    label = arm_label(arm, args.checkpoint_dtype)
+    label = arm_label(arm, args.checkpoint_dtype, args.decode_route)
     url = f"http://127.0.0.1:{args.port}"
     tag = f"{args.model}_{label}"
     os.makedirs(args.log_dir, exist_ok=True)
@@ -393,6 +398,7 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
         os.remove(result_file)  # bench_one_batch_server appends
     launch = server_command(args.model_path, family, arm, port=args.port,
                             buffer_len=args.buffer_len, checkpoint_dtype=args.checkpoint_dtype,
+                            decode_route=args.decode_route,
                             extra_args=shlex.split(args.server_args))
     bench = bench_command(args.model_path, url, batch_sizes=args.batch_sizes,
                           input_len=args.input_len, output_len=args.output_len,
@@ -462,7 +468,8 @@ def cmd_run(args) -> int:
     family = model_family(args.model_path)
     arms = args.arms or arms_for(family)
     for arm in arms:
-        arm_flags(family, arm, args.buffer_len, args.checkpoint_dtype)  # fail fast on a bad arm
+        arm_flags(family, arm, args.buffer_len, args.checkpoint_dtype,
+                  args.decode_route)  # fail fast on a bad arm
     env = environment()
     os.makedirs(args.partial_dir, exist_ok=True)
     failed = 0
@@ -494,7 +501,8 @@ def load_partials(partial_dir: str) -> list[dict]:
 def merge_rows(records: list[dict]) -> list[dict]:
     """One row per (model, batch): the fastest stock arm measured is `stock`;
     every stock arm and SGLang's built-in replay also get their own columns;
-    replayssm with a non-default checkpoint dtype gets replay_<dtype>_* keys."""
+    replayssm variants (non-default checkpoint dtype or decode route) get
+    replay_<variant>_* keys."""
     by_key: dict[tuple, dict[str, dict]] = {}
     family = {}
     for rec in records:
@@ -524,10 +532,10 @@ def merge_rows(records: list[dict]) -> list[dict]:
             row["sglang_replay_tok_s"] = sr["output_tok_s"] if sr else None
             row["speedup_vs_sglang_replay"] = _ratio(row["replay_tok_s"], row["sglang_replay_tok_s"])
         for a, r in sorted(arms.items()):
-            if a.startswith(REPLAY_ARM + "-"):
-                dtype = a[len(REPLAY_ARM) + 1:]
-                row[f"replay_{dtype}_tok_s"] = r["output_tok_s"]
-                row[f"speedup_{dtype}"] = _ratio(r["output_tok_s"], row["stock_tok_s"])
+            if a.startswith(REPLAY_ARM + "-"):  # e.g. replayssm-bfloat16, replayssm-split
+                variant = a[len(REPLAY_ARM) + 1:].replace("-", "_")
+                row[f"replay_{variant}_tok_s"] = r["output_tok_s"]
+                row[f"speedup_{variant}"] = _ratio(r["output_tok_s"], row["stock_tok_s"])
         rows.append(row)
     return rows
 
@@ -688,6 +696,9 @@ def main(argv=None) -> int:
                      help="ReplaySSM buffer length (also SGLang's --linear-replayssm-cache-len)")
     run.add_argument("--checkpoint-dtype", choices=CHECKPOINT_DTYPES, default="auto",
                      help="--replayssm-checkpoint-dtype of the replayssm arm")
+    run.add_argument("--decode-route", choices=("auto", "output_only", "split"), default="auto",
+                     help="--replayssm-decode-route of the replayssm arm (non-auto: its own "
+                          "arm label, e.g. replayssm-split)")
     run.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
     run.add_argument("--input-len", type=int, default=512)
     run.add_argument("--output-len", type=int, default=256)

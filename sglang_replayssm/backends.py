@@ -109,7 +109,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
         c.temporal, c.x_buffer, c.B_buffer, c.dt_buffer, pool.fill, pool.origin,
         state_batch_indices, x, dt, A, B, C, buffer_len=pool.buffer_len, D=D, z=z,
         dt_bias=dt_bias, dt_softplus=dt_softplus, out=out,
-        checkpoint_fold=c.checkpoint_fold)
+        checkpoint_fold=c.checkpoint_fold, route=pool.decode_route)
 
 
 class _ReplayStep:
@@ -150,11 +150,11 @@ def _log_enabled(family: str, pool: ReplayMambaPool, num_layers: int) -> None:
     fold = c.checkpoint_fold
     logger.info(
         "ReplaySSM enabled for %d %s layers: buffer_len=%d (ring capacity %d), checkpoint %s%s, "
-        "%d slots, %.2f GB of buffers and cursors",
+        "decode route %s, %d slots, %.2f GB of buffers and cursors",
         num_layers, "Mamba-2" if family == "mamba2" else "Gated DeltaNet", pool.buffer_len,
         pool.capacity, str(c.temporal.dtype).replace("torch.", ""),
         "" if fold is None else f" + fold copy {str(fold.dtype).replace('torch.', '')}",
-        pool.size, pool.replay_bytes() / 1024**3)
+        pool.decode_route, pool.size, pool.replay_bytes() / 1024**3)
 
 
 class ReplayMamba2AttnBackend(Mamba2AttnBackend):
@@ -235,7 +235,8 @@ class _ReplayGDNDispatcher:
         out = gdn_replay_decode(
             c.temporal, c.k_buffer, c.u_buffer, c.g_buffer, pool.fill, pool.origin,
             cache_indices, mixed_qkv, a, b, A_log, dt_bias, scale,
-            buffer_len=pool.buffer_len, num_k_heads=c.k_buffer.shape[1])
+            buffer_len=pool.buffer_len, num_k_heads=c.k_buffer.shape[1],
+            route=pool.decode_route)
         return out.unsqueeze(0)  # [1, B, HV, V], the stock packed decode's layout
 
 

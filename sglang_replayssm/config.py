@@ -17,6 +17,8 @@ ENV_PREFIX = "SGLANG_REPLAYSSM_"
 FAMILY_ENV = ENV_PREFIX + "FAMILY"
 CHECKPOINT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 FOLD_DTYPES = (None, "float32")
+# auto: the kernels' default_route(batch) (the fused kernel until measured otherwise)
+DECODE_ROUTES = ("auto", "output_only", "split")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +32,9 @@ class ReplayConfig:
     # folds into (dual precision), so the read copy's rounding never enters
     # the recurrence.
     fold_dtype: Optional[str] = None
+    # Which decode kernel route: the fused kernel ('output_only') or three
+    # launches ('split': projection, outputs, fold); 'auto' picks per batch.
+    decode_route: str = "auto"
 
     def validate(self) -> "ReplayConfig":
         if self.buffer_len < 2:
@@ -45,6 +50,10 @@ class ReplayConfig:
             raise ValueError(
                 f"--replayssm-fold-dtype must be 'none' or 'float32', got {self.fold_dtype!r}"
             )
+        if self.decode_route not in DECODE_ROUTES:
+            raise ValueError(
+                f"--replayssm-decode-route must be one of {DECODE_ROUTES}, got {self.decode_route!r}"
+            )
         if self.fold_dtype is not None and self.checkpoint_dtype == "float32":
             raise ValueError(
                 "--replayssm-fold-dtype float32 needs a lower-precision "
@@ -59,6 +68,7 @@ class ReplayConfig:
         env[ENV_PREFIX + "BUFFER_LEN"] = str(self.buffer_len)
         env[ENV_PREFIX + "CHECKPOINT_DTYPE"] = self.checkpoint_dtype
         env[ENV_PREFIX + "FOLD_DTYPE"] = self.fold_dtype or "none"
+        env[ENV_PREFIX + "DECODE_ROUTE"] = self.decode_route
 
     @classmethod
     def from_env(cls, env: Optional[Mapping[str, str]] = None) -> "ReplayConfig":
@@ -77,6 +87,7 @@ class ReplayConfig:
             buffer_len=buffer_len,
             checkpoint_dtype=env.get(ENV_PREFIX + "CHECKPOINT_DTYPE", default.checkpoint_dtype),
             fold_dtype=None if fold in ("", "none") else fold,
+            decode_route=env.get(ENV_PREFIX + "DECODE_ROUTE", default.decode_route),
         )
 
 

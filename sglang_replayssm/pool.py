@@ -239,6 +239,7 @@ class ReplayMambaPool(MambaPool):
         self.replay_config_used = config
         self.family = family
         self.buffer_len = config.buffer_len
+        self.decode_route = config.decode_route  # passed to the decode kernels
         self.window = self._window(speculative_num_draft_tokens)
         self.capacity = required_capacity(config.buffer_len, self.window)
         specs = _buffer_specs(family, cache_params, config, self.capacity, ckpt_dtype)

@@ -11,7 +11,7 @@ import argparse
 import logging
 import os
 
-from sglang_replayssm.config import CHECKPOINT_DTYPES, FAMILY_ENV, ReplayConfig
+from sglang_replayssm.config import CHECKPOINT_DTYPES, DECODE_ROUTES, FAMILY_ENV, ReplayConfig
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -79,6 +79,13 @@ def add_replayssm_args(parser: argparse.ArgumentParser) -> None:
         help="float32: keep a precise checkpoint copy the flush folds into "
         "(dual precision; Mamba-2 only).",
     )
+    group.add_argument(
+        "--replayssm-decode-route",
+        choices=DECODE_ROUTES,
+        default=default.decode_route,
+        help="Decode kernel: output_only = one fused launch, split = projection + "
+        "outputs + fold launches; auto = picked per batch size.",
+    )
 
 
 def config_from_namespace(args: argparse.Namespace) -> ReplayConfig:
@@ -88,6 +95,7 @@ def config_from_namespace(args: argparse.Namespace) -> ReplayConfig:
         buffer_len=getattr(args, "replayssm_buffer_len", ReplayConfig.buffer_len),
         checkpoint_dtype=getattr(args, "replayssm_checkpoint_dtype", "auto"),
         fold_dtype=None if fold == "none" else fold,
+        decode_route=getattr(args, "replayssm_decode_route", "auto"),
     )
 
 
@@ -182,8 +190,9 @@ def prepare_launch(config: ReplayConfig, server_args) -> str:
     family = model_family(hf_config)
     config.to_env()
     os.environ[FAMILY_ENV] = family
-    logger.info("ReplaySSM: %s layers, buffer_len=%d, checkpoint dtype %s, fold copy %s",
-                family, config.buffer_len, config.checkpoint_dtype, config.fold_dtype or "none")
+    logger.info("ReplaySSM: %s layers, buffer_len=%d, checkpoint dtype %s, fold copy %s, "
+                "decode route %s", family, config.buffer_len, config.checkpoint_dtype,
+                config.fold_dtype or "none", config.decode_route)
     return family
 
 

@@ -284,8 +284,10 @@ def scenario(h: Harness):
     h.step(decode=["f", "e"])
 
 
-def test_mamba2_backend_protocol(monkeypatch, ssu_hook):
-    scenario(Harness(monkeypatch, "mamba2", ReplayConfig(buffer_len=L), seed=0))
+@pytest.mark.parametrize("route", ["auto", "split"])
+def test_mamba2_backend_protocol(monkeypatch, ssu_hook, route):
+    scenario(Harness(monkeypatch, "mamba2", ReplayConfig(buffer_len=L, decode_route=route),
+                     seed=0))
 
 
 def test_mamba2_backend_protocol_fold_copy(monkeypatch, ssu_hook):
@@ -389,5 +391,6 @@ def gdn_stock_bodies(monkeypatch):
     monkeypatch.setattr(GDNAttnBackend, "forward_extend", forward_extend)
 
 
-def test_gdn_backend_protocol(monkeypatch, gdn_stock_bodies):
-    scenario(Harness(monkeypatch, "gdn", ReplayConfig(buffer_len=L), seed=2))
+@pytest.mark.parametrize("route", ["auto", "split"])
+def test_gdn_backend_protocol(monkeypatch, gdn_stock_bodies, route):
+    scenario(Harness(monkeypatch, "gdn", ReplayConfig(buffer_len=L, decode_route=route), seed=2))

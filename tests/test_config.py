@@ -4,7 +4,8 @@ from sglang_replayssm.config import ReplayConfig, is_enabled
 
 
 def test_env_round_trip():
-    config = ReplayConfig(enabled=True, buffer_len=8, checkpoint_dtype="bfloat16", fold_dtype="float32")
+    config = ReplayConfig(enabled=True, buffer_len=8, checkpoint_dtype="bfloat16", fold_dtype="float32",
+                          decode_route="split")
     env = {}
     config.to_env(env)
     assert env == {
@@ -12,6 +13,7 @@ def test_env_round_trip():
         "SGLANG_REPLAYSSM_BUFFER_LEN": "8",
         "SGLANG_REPLAYSSM_CHECKPOINT_DTYPE": "bfloat16",
         "SGLANG_REPLAYSSM_FOLD_DTYPE": "float32",
+        "SGLANG_REPLAYSSM_DECODE_ROUTE": "split",
     }
     assert ReplayConfig.from_env(env) == config
     assert is_enabled(env)
@@ -31,6 +33,7 @@ def test_defaults_from_empty_env():
         (dict(checkpoint_dtype="int8"), "--replayssm-checkpoint-dtype must be one of"),
         (dict(fold_dtype="bfloat16"), "--replayssm-fold-dtype must be 'none' or 'float32'"),
         (dict(checkpoint_dtype="float32", fold_dtype="float32"), "--replayssm-fold-dtype float32 needs"),
+        (dict(decode_route="reconstruct"), "--replayssm-decode-route must be one of"),
     ],
 )
 def test_validate_names_the_flag(kwargs, message):

@@ -16,7 +16,8 @@ from sglang_replayssm.config import ENV_PREFIX, ReplayConfig  # noqa: E402
 @pytest.fixture
 def hooks(monkeypatch):
     """Install the CLI hooks for one test and undo every patch afterwards."""
-    for key in ("ENABLED", "BUFFER_LEN", "CHECKPOINT_DTYPE", "FOLD_DTYPE", "FAMILY"):
+    for key in ("ENABLED", "BUFFER_LEN", "CHECKPOINT_DTYPE", "FOLD_DTYPE", "FAMILY",
+                "DECODE_ROUTE"):
         monkeypatch.delenv(ENV_PREFIX + key, raising=False)
     monkeypatch.setattr(plugin, "_registered", False)
     yield
@@ -58,15 +59,17 @@ def test_help_lists_the_flags_in_their_group(hooks):
     text = _parser().format_help()
     assert "ReplaySSM:" in text
     for flag in ("--enable-replayssm", "--replayssm-buffer-len", "--replayssm-checkpoint-dtype",
-                 "--replayssm-fold-dtype"):
+                 "--replayssm-fold-dtype", "--replayssm-decode-route"):
         assert flag in text
 
 
 def test_parse_flags_to_config(hooks):
     sglang_hooks.install_cli_hooks()
     args = _parser().parse_args(["--model-path", "m", "--enable-replayssm", "--replayssm-buffer-len", "8",
-                                 "--replayssm-checkpoint-dtype", "bfloat16", "--replayssm-fold-dtype", "float32"])
-    assert sglang_hooks.config_from_namespace(args) == ReplayConfig(True, 8, "bfloat16", "float32")
+                                 "--replayssm-checkpoint-dtype", "bfloat16", "--replayssm-fold-dtype", "float32",
+                                 "--replayssm-decode-route", "split"])
+    assert sglang_hooks.config_from_namespace(args) == ReplayConfig(True, 8, "bfloat16", "float32",
+                                                                    "split")
     args = _parser().parse_args(["--model-path", "m"])
     assert sglang_hooks.config_from_namespace(args) == ReplayConfig()
 
@@ -104,7 +107,8 @@ def test_from_cli_args_enabled_validates_and_exports(hooks, monkeypatch, tmp_pat
     assert os.environ[ENV_PREFIX + "BUFFER_LEN"] == "8"
     assert os.environ[ENV_PREFIX + "FAMILY"] == "gdn"
     assert ReplayConfig.from_env() == ReplayConfig(enabled=True, buffer_len=8)
-    for key in ("ENABLED", "BUFFER_LEN", "CHECKPOINT_DTYPE", "FOLD_DTYPE", "FAMILY"):
+    for key in ("ENABLED", "BUFFER_LEN", "CHECKPOINT_DTYPE", "FOLD_DTYPE", "FAMILY",
+                "DECODE_ROUTE"):
         os.environ.pop(ENV_PREFIX + key)
 
     args = _parser().parse_args(["--model-path", path, "--enable-replayssm",
