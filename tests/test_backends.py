@@ -394,3 +394,50 @@ def gdn_stock_bodies(monkeypatch):
 @pytest.mark.parametrize("route", ["auto", "split"])
 def test_gdn_backend_protocol(monkeypatch, gdn_stock_bodies, route):
     scenario(Harness(monkeypatch, "gdn", ReplayConfig(buffer_len=L, decode_route=route), seed=2))
+
+
+@pytest.mark.parametrize("route", ["auto", "split"])
+def test_gdn_decode_through_the_stock_body(monkeypatch, route):
+    """GDNAttnBackend.forward_decode as shipped (causal conv update, then the
+    kernel dispatcher's packed decode) with ReplaySSM answering the packed
+    decode: outputs vs the stock conv + float64 packed-decode recurrence."""
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+
+    Hk, K, HV, V = GDN["Hk"], GDN["K"], GDN["HV"], GDN["V"]
+    dim = 2 * Hk * K + HV * V
+    g = torch.Generator().manual_seed(5)
+    h = Harness(monkeypatch, "gdn", ReplayConfig(buffer_len=L, decode_route=route), seed=5)
+    layers = {}
+    for lid in LAYERS:
+        lay = h.layers[lid]
+        lay.conv_weights = torch.randn(dim, 4, generator=g) * 0.5
+        lay.bias = torch.randn(dim, generator=g) * 0.1
+        lay.activation = "silu"
+        layers[lid] = lay
+    rids = ["a", "b", "c"]
+    for rid in rids:
+        h.admit(rid)
+    conv_truth = {(rid, lid): torch.zeros(1, dim, 3) for rid in rids for lid in LAYERS}
+    fb = SimpleNamespace(mamba_track_mask=None, batch_size=4)
+    for step in range(2 * L + 1):
+        rows = ["a", None, "b", "c"] if step != 3 else ["c", "a", None, "b"]
+        slots = torch.tensor([h.slot(r) for r in rows], dtype=torch.int32)
+        h.be.forward_metadata = SimpleNamespace(
+            mamba_cache_indices=slots, query_start_loc=torch.arange(5, dtype=torch.int32),
+            replayssm_write_pos=None, replayssm_force_flush=None)
+        for lid in LAYERS:
+            lay = layers[lid]
+            qkv = bf16(4, dim, g=g)
+            a, b = bf16(4, HV, g=g), bf16(4, HV, g=g)
+            got = h.be.forward_decode(lay, fb, qkv.clone(), a, b)  # [1, 4, HV, V]
+            assert got.shape == (1, 4, HV, V)
+            for i, rid in enumerate(rows):
+                if rid is None:
+                    continue
+                post = causal_conv1d_update(
+                    qkv[i:i + 1].clone(), conv_truth[(rid, lid)], lay.conv_weights, lay.bias,
+                    "silu", conv_state_indices=torch.zeros(1, dtype=torch.int32))
+                want = _gdn_ref(h.truth.h[(rid, lid)], lay,
+                                {"qkv": post[0], "a": a[i], "b": b[i]})
+                torch.testing.assert_close(got[0, i].double(), want, **TOL)
+    assert [h.fill(r) for r in rids] == [(2 * L + 1) % L] * 3
