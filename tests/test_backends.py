@@ -14,6 +14,7 @@ output is compared with a float64 eager recurrence per request.
 """
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -138,10 +139,13 @@ def ssu_hook(monkeypatch):
 class Harness:
     """Drives a backend through scheduler-like steps and checks every output."""
 
-    def __init__(self, monkeypatch, family, cfg, seed):
+    def __init__(self, monkeypatch, family, cfg, seed, conv_dtype=None):
         self.g = torch.Generator().manual_seed(seed)
         self.family = family
         params = mamba2_params(torch.float32) if family == "mamba2" else gdn_params(torch.float32)
+        if conv_dtype is not None:
+            params = dataclasses.replace(params, dtype=dataclasses.replace(params.dtype,
+                                                                           conv=conv_dtype))
         self.r2t = make_pool(monkeypatch, params, family, cfg)
         self.pool = self.r2t.mamba_pool
         server_args = SimpleNamespace(disable_radix_cache=True)
@@ -441,3 +445,84 @@ def test_gdn_decode_through_the_stock_body(monkeypatch, route):
                                 {"qkv": post[0], "a": a[i], "b": b[i]})
                 torch.testing.assert_close(got[0, i].double(), want, **TOL)
     assert [h.fill(r) for r in rids] == [(2 * L + 1) % L] * 3
+
+
+class _OutProjStandIn(torch.nn.Module):
+    """RowParallelLinear needs a TP group; the SSM path ends before it."""
+
+    def forward(self, x):
+        return x, None
+
+
+@pytest.mark.parametrize("route", ["auto", "split"])
+def test_mamba2_decode_through_the_stock_mixer(monkeypatch, ssu_hook, route):
+    """SGLang's own MambaMixer2.forward (in_proj, causal conv, the decode call
+    of selective_state_update, gated RMS norm) run by ReplayMamba2AttnBackend,
+    against the same mixer on a copy of the state with the float64 stock
+    recurrence as its selective_state_update."""
+    from sglang.kernels.ops.mamba import causal_conv1d_triton
+    from sglang.srt.layers.attention.mamba import mamba as mamba_module
+    from sglang.srt.runtime_context import get_parallel
+
+    from sglang_replayssm.dummy_init import scaled_dummy_weights
+
+    # mamba.py binds the Triton conv only when CUDA is present
+    monkeypatch.setattr(mamba_module, "causal_conv1d_update_triton",
+                        causal_conv1d_triton.causal_conv1d_update, raising=False)
+
+    def stock_ssu(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                  state_batch_indices=None, pad_slot_id=-1, out=None, **kw):
+        y = reference.selective_state_update_ref(state, x, dt, A, B, C, D, z, dt_bias,
+                                                 dt_softplus, state_batch_indices)
+        out.copy_(y.to(out.dtype))
+
+    monkeypatch.setattr(backends, "_STOCK_SSU", stock_ssu)
+    # fp32 activations and conv state: the Triton interpreter garbles bf16 in
+    # SGLang's causal conv (the buffer's bf16 x/B rounding then sets the tolerance)
+    h = Harness(monkeypatch, "mamba2", ReplayConfig(buffer_len=L, decode_route=route), seed=6,
+                conv_dtype=torch.float32)
+    params = mamba2_params()
+    hidden = 32
+    mixers = {}
+    with get_parallel().override(attn_tp_size=1, tp_size=1, tp_rank=0):
+        for lid in LAYERS:
+            mixer = mamba_module.MambaMixer2(
+                cache_params=params, hidden_size=hidden, use_conv_bias=True,
+                use_bias=False, n_groups=M2["G"], prefix=f"layers.{lid}.mixer")
+            scaled_dummy_weights(mixer, seed=lid)
+            mixer.out_proj = _OutProjStandIn()
+            mixers[lid] = mixer
+    rids = ["a", "b"]
+    for rid in rids:
+        h.admit(rid)
+    c = h.pool.mamba_cache
+    stock_conv = {lid: c.conv[0][i].clone() for i, lid in enumerate(LAYERS)}
+    stock_state = {lid: c.temporal[i].clone() for i, lid in enumerate(LAYERS)}
+    g = torch.Generator().manual_seed(6)
+    fb = SimpleNamespace(mamba_track_mask=None)
+    for step in range(2 * L + 1):
+        rows = ["a", None, "b"] if step % 3 else ["b", "a", None]
+        slots = torch.tensor([h.slot(r) for r in rows], dtype=torch.int32)
+        md = SimpleNamespace(mamba_cache_indices=slots, query_start_loc=torch.arange(4, dtype=torch.int32),
+                             num_prefills=0, num_decodes=3, num_prefill_tokens=0,
+                             is_target_verify=False, draft_token_num=1,
+                             has_mamba_track_mask=False, mixed_metadata=None)
+        h.be.forward_metadata = md
+        with torch.no_grad():
+            for lid in LAYERS:
+                hs = bf16(3, hidden, g=g)
+                got = h.be.forward(mixers[lid], hs, None, lid, fb, use_triton_causal_conv=True)
+                stock_cache = SimpleNamespace(conv=[stock_conv[lid]], temporal=stock_state[lid],
+                                              intermediate_ssm=None)
+                want, _ = mixers[lid].forward(hidden_states=hs, layer_cache=stock_cache,
+                                              metadata=md, use_triton_causal_conv=True)
+                live = [i for i, r in enumerate(rows) if r is not None]
+                torch.testing.assert_close(got[live], want[live], rtol=3e-2, atol=3e-2)
+    assert [h.fill(r) for r in rids] == [(2 * L + 1) % L] * 2
+    # the checkpoint equals the stock state right after a flush of every row
+    for i, lid in enumerate(LAYERS):
+        for rid in rids:
+            s = h.slot(rid)
+            if h.fill(rid) == 0:
+                torch.testing.assert_close(c.temporal[i, s], stock_state[lid][s],
+                                           rtol=1e-4, atol=1e-6)
