@@ -69,6 +69,18 @@ SPLIT_ROUTES = ("split",)
 
 
 @triton.jit
+def _finish_output(y, x_q, D_ptr, head, s_D, z_ptrs, out_ptrs, mask_p,
+                   HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """y + D x (skip), times silu(z) (gate), stored: every route's epilogue."""
+    if HAS_D:
+        y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
+    if HAS_Z:
+        zq = tl.load(z_ptrs, mask=mask_p, other=0.0).to(tl.float32)
+        y = y * zq * tl.sigmoid(zq)
+    tl.store(out_ptrs, y.to(out_ptrs.dtype.element_ty), mask=mask_p)
+
+
+@triton.jit
 def _mamba2_replay_kernel(
     ckpt_ptr, fold_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr,
     fill_ptr, origin_ptr, slot_ptr,
@@ -176,14 +188,10 @@ def _mamba2_replay_kernel(
                     tl.sum(xs * (w * cb)[:, None], axis=0)
         x_q = tl.load(x_ptr + row * s_x_row + head * s_x_head + offs_p,
                       mask=mask_p, other=0.0).to(tl.float32)
-        if HAS_D:
-            y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
-        if HAS_Z:
-            zq = tl.load(z_ptr + row * s_z_row + head * s_z_head + offs_p,
-                         mask=mask_p, other=0.0).to(tl.float32)
-            y = y * zq * tl.sigmoid(zq)
-        tl.store(out_ptr + row * s_o_row + head * s_o_head + offs_p,
-                 y.to(out_ptr.dtype.element_ty), mask=mask_p)
+        _finish_output(y, x_q, D_ptr, head, s_D,
+                       z_ptr + row * s_z_row + head * s_z_head + offs_p,
+                       out_ptr + row * s_o_row + head * s_o_head + offs_p, mask_p,
+                       HAS_D, HAS_Z)
         # a flushing row folded its token: it does not enter the buffer
         write = is_win & (fill + 1 < buffer_len)
     else:
@@ -221,14 +229,10 @@ def _mamba2_replay_kernel(
                         tl.sum(xs * (w * cb)[:, None], axis=0)
                 x_q = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
                               mask=mask_p, other=0.0).to(tl.float32)
-                if HAS_D:
-                    y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
-                if HAS_Z:
-                    zq = tl.load(z_ptr + row * s_z_row + j * s_z_t + head * s_z_head + offs_p,
-                                 mask=mask_p, other=0.0).to(tl.float32)
-                    y = y * zq * tl.sigmoid(zq)
-                tl.store(out_ptr + row * s_o_row + j * s_o_t + head * s_o_head + offs_p,
-                         y.to(out_ptr.dtype.element_ty), mask=mask_p)
+                _finish_output(y, x_q, D_ptr, head, s_D,
+                               z_ptr + row * s_z_row + j * s_z_t + head * s_z_head + offs_p,
+                               out_ptr + row * s_o_row + j * s_o_t + head * s_o_head + offs_p,
+                               mask_p, HAS_D, HAS_Z)
             write = is_win
         else:
             # ---- flush only: fold the whole buffer ----
@@ -336,14 +340,10 @@ def _mamba2_split_outputs_kernel(
                        mask=mask_p, other=0.0)
         y = tl.exp(cum_q) * proj + tl.sum(xs.to(tl.float32) * w[:, None], axis=0) \
             + (dt_q * cb_q) * x_q
-        if HAS_D:
-            y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
-        if HAS_Z:
-            zq = tl.load(z_ptr + row * s_z_row + head * s_z_head + offs_p,
-                         mask=mask_p, other=0.0).to(tl.float32)
-            y = y * zq * tl.sigmoid(zq)
-        tl.store(out_ptr + row * s_o_row + head * s_o_head + offs_p,
-                 y.to(out_ptr.dtype.element_ty), mask=mask_p)
+        _finish_output(y, x_q, D_ptr, head, s_D,
+                       z_ptr + row * s_z_row + head * s_z_head + offs_p,
+                       out_ptr + row * s_o_row + head * s_o_head + offs_p, mask_p,
+                       HAS_D, HAS_Z)
         # append, flush step included: (C) folds it from the ring
         tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring_q * s_xb_pos + offs_p,
                  x_w.to(xbuf_ptr.dtype.element_ty), mask=mask_p)
