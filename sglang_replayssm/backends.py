@@ -133,11 +133,12 @@ class _ReplayStep:
                 "--mamba-radix-cache-strategy no_buffer (which needs "
                 "--disable-overlap-schedule), or --disable-radix-cache; got "
                 f"--mamba-radix-cache-strategy {server_args.mamba_radix_cache_strategy}")
+        self.req_to_token_pool = req_to_token_pool
         self.pool = pool
         self.last_layer_id = max(req_to_token_pool.mamba_map)
 
-    def layer(self, req_to_token_pool, layer_id) -> _ActiveLayer:
-        return _ActiveLayer(req_to_token_pool.mamba2_layer_cache(layer_id), self.pool)
+    def layer(self, layer_id) -> _ActiveLayer:
+        return _ActiveLayer(self.req_to_token_pool.mamba2_layer_cache(layer_id), self.pool)
 
     def commit(self, slots: torch.Tensor, mode: int) -> None:
         p = self.pool
@@ -176,7 +177,7 @@ class ReplayMamba2AttnBackend(Mamba2AttnBackend):
             raise NotImplementedError("ReplaySSM: mamba state tracking (radix extra_buffer) is "
                                       "not supported")
         use_triton_causal_conv = self._use_triton_causal_conv(use_triton_causal_conv)
-        layer = self.replay.layer(self.req_to_token_pool, layer_id)
+        layer = self.replay.layer(layer_id)
         cache, pool = layer.cache, layer.pool
         n_p, n_d = md.num_prefills, md.num_decodes
         slots = md.mamba_cache_indices
@@ -250,7 +251,7 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
         _log_enabled("gdn", self.replay.pool, len(self.req_to_token_pool.mamba_map))
 
     def forward_decode(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
-        with _running(self.replay.layer(self.req_to_token_pool, layer.layer_id)):
+        with _running(self.replay.layer(layer.layer_id)):
             out = super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if layer.layer_id == self.replay.last_layer_id:
             self.replay.commit(self.forward_metadata.mamba_cache_indices, MODE_DECODE)
@@ -260,7 +261,7 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
         if forward_batch.forward_mode.is_target_verify():
             raise NotImplementedError("ReplaySSM: speculative verification is not wired into "
                                       "SGLang yet")
-        active = self.replay.layer(self.req_to_token_pool, layer.layer_id)
+        active = self.replay.layer(layer.layer_id)
         c, pool = active.cache, active.pool
         slots = self.forward_metadata.mamba_cache_indices
         # Every row of an extend batch (mixed decode rows included) goes
