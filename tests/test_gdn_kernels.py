@@ -250,10 +250,11 @@ def test_split_matches_fused_over_two_cycles(device, knobs):
     """The split route against the fused one on the same pool and inputs: two
     full buffer cycles from staggered cursors (every row flushes twice, at
     different steps), outputs and checkpoints equal to fp32 rounding at every
-    step, cursors identical, the live ring entries of k and g bit-identical
-    (same normalisation, same gate formula) and u to fp32 rounding: u_t
-    depends on h_c k_t, which the split route forms as (h_c k_raw) / |k_raw|
-    in (A) + (B), the fused kernel as h_c (k_raw / |k_raw|)."""
+    step, cursors identical, the live ring entries of k, g and u to fp32
+    rounding. k and g are the same formulas in both kernels (bit-identical in
+    the interpreter, an ulp apart once ptxas schedules each kernel's sqrt/exp
+    on the H200); u_t depends on h_c k_t, which the split route forms as
+    (h_c k_raw) / |k_raw| in (A) + (B), the fused kernel as h_c (k_raw / |k_raw|)."""
     L = 4
     pools = [Pool(device, L=L, seed=4), Pool(device, L=L, seed=4)]
     pools[1].config = split(**knobs)
@@ -281,11 +282,9 @@ def test_split_matches_fused_over_two_cycles(device, knobs):
         for s in slots.tolist():
             live = [(int(pools[0].origin[s]) + i) % pools[0].cap
                     for i in range(int(pools[0].fill[s]))]
-            for n in ("kb", "gb"):
+            for n in ("kb", "gb", "ub"):
                 x, y = getattr(pools[0], n)[s][:, live], getattr(pools[1], n)[s][:, live]
-                assert torch.equal(x, y), f"step {step}: {n} of slot {s}"
-            x, y = pools[0].ub[s][:, live], pools[1].ub[s][:, live]
-            assert not live or rel(y, x) <= tol, f"step {step}: u of slot {s}"
+                assert not live or rel(y, x) <= tol, f"step {step}: {n} of slot {s}"
     assert int((pools[0].fill[slots] == 0).sum()) >= 1
 
 
