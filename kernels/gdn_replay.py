@@ -68,6 +68,8 @@ __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "ROUTES
 # append, fold on the flush step); "split": three launches, decode only
 ROUTES = ("output_only", "split")
 SPLIT_ROUTES = ("split",)
+# "auto" takes the split route from this decode batch on (see default_route)
+SPLIT_MIN_BATCH = 64
 
 
 @triton.jit
@@ -343,9 +345,18 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
     return cfg
 
 
-def default_route(batch: int, state_dtype: torch.dtype) -> str:
-    """The fused kernel until GPU measurements say where the split route wins."""
-    return "output_only"
+def default_route(batch: int, state_dtype: torch.dtype, mode: int = MODE_DECODE) -> str:
+    """The route "auto" means, from measurement on the H200 (GDN (Qwen3-Next shape), L=16,
+    amortised over the buffer cycle, benchmarks/results/kernels_gdn_split.md; fused
+    output_only vs split: fp32 5.9 vs 10.7 us at batch 1, 86.6 vs 64.4 at 64, 313.9 vs 216.2
+    at 256; bf16 6.6 vs 10.6, 89.1 vs 50.6, 310.3 vs 162.1).
+    The split route's three launches cost a few microseconds more than one
+    fused launch at small batch and win once the checkpoint read dominates;
+    batches between 1 and 64 are not measured yet, so they keep the fused
+    kernel. Verify and flush exist only in the fused kernel."""
+    if mode != MODE_DECODE or batch < SPLIT_MIN_BATCH:
+        return "output_only"
+    return "split"
 
 
 def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, mixed_qkv,
@@ -373,7 +384,7 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     check(k_buffer.dtype in ACT_DTYPES and u_buffer.dtype in ACT_DTYPES,
           f"k_buffer/u_buffer dtype must be one of {ACT_DTYPES}")
     if route == "auto":
-        route = default_route(batch, checkpoint.dtype)
+        route = default_route(batch, checkpoint.dtype, mode)
     check(route in ROUTES, f"route must be one of {ROUTES} or 'auto', got {route!r}")
     check(route not in SPLIT_ROUTES or mode == MODE_DECODE,
           f"route {route!r} implements decode only; use route 'output_only' (or 'auto') for "

@@ -66,6 +66,8 @@ __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush"
 ROUTES = ("output_only", "reconstruct", "split")
 # routes of three launches (projection, outputs, fold): MODE_DECODE only
 SPLIT_ROUTES = ("split",)
+# "auto" takes the split route from this decode batch on (see default_route)
+SPLIT_MIN_BATCH = 64
 
 
 @triton.jit
@@ -370,9 +372,18 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
     return cfg
 
 
-def default_route(batch: int, state_dtype: torch.dtype) -> str:
-    """Route picked from measurement (benchmarks/results/kernels_mamba2.md)."""
-    return "output_only"
+def default_route(batch: int, state_dtype: torch.dtype, mode: int = MODE_DECODE) -> str:
+    """The route "auto" means, from measurement on the H200 (Mamba-2 (Nemotron-H-8B shape), L=16,
+    amortised over the buffer cycle, benchmarks/results/kernels_mamba2_split.md; fused
+    output_only vs split: fp32 6.5 vs 10.4 us at batch 1, 118.9 vs 108.6 at 64, 434.0 vs 402.4
+    at 256; bf16 5.9 vs 9.5, 83.8 vs 75.8, 311.1 vs 276.0).
+    The split route's three launches cost a few microseconds more than one
+    fused launch at small batch and win once the checkpoint read dominates;
+    batches between 1 and 64 are not measured yet, so they keep the fused
+    kernel. Verify and flush exist only in the fused kernel."""
+    if mode != MODE_DECODE or batch < SPLIT_MIN_BATCH:
+        return "output_only"
+    return "split"
 
 
 def _per_head(t: torch.Tensor | None, name: str, nheads: int, batch_dims: int = 0):
@@ -425,7 +436,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     check(x_buffer.dtype in ACT_DTYPES and B_buffer.dtype in ACT_DTYPES,
           f"x_buffer/B_buffer dtype must be one of {ACT_DTYPES}")
     if route == "auto":
-        route = default_route(batch, checkpoint.dtype)
+        route = default_route(batch, checkpoint.dtype, mode)
     check(route in ROUTES, f"route must be one of {ROUTES} or 'auto', got {route!r}")
     check(route not in SPLIT_ROUTES or mode == MODE_DECODE,
           f"route {route!r} implements decode only; use route 'output_only' or 'reconstruct' "

@@ -17,7 +17,7 @@ ENV_PREFIX = "SGLANG_REPLAYSSM_"
 FAMILY_ENV = ENV_PREFIX + "FAMILY"
 CHECKPOINT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 FOLD_DTYPES = (None, "float32")
-# auto: the kernels' default_route(batch) (the fused kernel until measured otherwise)
+# auto: the kernels' default_route(batch) (measured: fused below batch 64, split from it)
 DECODE_ROUTES = ("auto", "output_only", "split")
 
 

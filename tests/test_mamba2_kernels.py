@@ -820,3 +820,17 @@ def test_decode_matches_sglang_stock_kernel():
             err = rel_err(checkpoint[ls], stock_state[ls].double())
             assert err <= 1e-5, f"step {step}: checkpoint vs stock state {err:.2e}"
     assert n_flush == 2
+
+
+def test_auto_route_follows_the_measured_crossover():
+    """"auto": the fused kernel below SPLIT_MIN_BATCH and for verify/flush at
+    any batch (the split route implements decode only), split from it on."""
+    from sglang_replayssm.kernels import gdn_replay
+
+    for mod in (m2, gdn_replay):
+        for dt in (torch.float32, torch.bfloat16):
+            assert mod.default_route(1, dt) == "output_only"
+            assert mod.default_route(mod.SPLIT_MIN_BATCH - 1, dt) == "output_only"
+            assert mod.default_route(mod.SPLIT_MIN_BATCH, dt) == "split"
+            assert mod.default_route(256, dt, MODE_VERIFY) == "output_only"
+            assert mod.default_route(256, dt, MODE_FLUSH) == "output_only"
