@@ -32,6 +32,9 @@ def test_families_and_arms(models):
     assert bs.model_family(models["qwen3-next-80b"]) == "gdn"
     assert bs.arms_for("mamba2") == ["stock-triton", "stock-flashinfer", "replayssm"]
     assert bs.arms_for("gdn") == ["stock-triton", "sglang-replay", "replayssm"]
+    # the noise-floor arm runs only when named
+    assert bs.arm_flags("gdn", "stock-flashinfer", 16, "auto") == [
+        "--linear-attn-decode-backend", "flashinfer"]
     with pytest.raises(ValueError):
         bs.arm_flags("mamba2", "sglang-replay", 16, "auto")
 
@@ -279,6 +282,22 @@ def test_merge_writes_json_md_and_header(tmp_path):
     assert "## nemotron-h-8b" in md and "## qwen3-next-80b" in md
     assert "| 256 | 512/256 | flashinfer | 10813.0 | 13000.0 | 1.202x |" in md
     assert "prompt 1 at token 2" in md
+
+
+def test_merge_parity_reports_a_stock_vs_stock_noise_floor():
+    recs = [_partial("q", "gdn", "stock-triton", {64: 1.0}, parity=STOCK_DUMP),
+            _partial("q", "gdn", "stock-flashinfer", {64: 1.0}, parity=REPLAY_DUMP),
+            _partial("q", "gdn", "replayssm", {64: 1.0}, parity=STOCK_DUMP, dtype="auto")]
+    by_arm = {e["arm"]: e for e in bs.merge_parity(recs)}
+    assert set(by_arm) == {"stock-flashinfer", "replayssm"}
+    floor, ours = by_arm["stock-flashinfer"], by_arm["replayssm"]
+    assert floor["noise_floor"] and not ours["noise_floor"]
+    assert floor["stock_arm"] == ours["stock_arm"] == "stock-triton"
+    assert floor["identical_prompts"] == 1 and ours["identical_prompts"] == len(STOCK_DUMP["outputs"])
+    md = bs.markdown({"command": "c", "git_commit": "abc", "gpu": "g", "versions": {},
+                      "created": "t", "rows": [], "runs": [],
+                      "greedy_parity": bs.merge_parity(recs)})
+    assert "stock-flashinfer (noise floor)" in md
 
 
 def test_git_commit_falls_back_to_env(monkeypatch, tmp_path):
