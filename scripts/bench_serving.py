@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import glob
 import json
 import os
 import random
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -135,11 +137,45 @@ def server_command(model_path: str, family: str, arm: str, *, port: int, buffer_
 
 
 def bench_command(model_path: str, base_url: str, *, batch_sizes, input_len: int,
-                  output_len: int, result_file: str, python: str = sys.executable):
-    return [python, "-m", "sglang.bench_one_batch_server", "--model-path", model_path,
-            "--base-url", base_url, "--batch-size", *map(str, batch_sizes),
-            "--input-len", str(input_len), "--output-len", str(output_len),
-            "--dataset-name", "random-ids", "--result-filename", result_file, "--show-report"]
+                  output_len: int, result_file: str, python: str = sys.executable,
+                  profile_dir: str | None = None, profile_steps: int = 0):
+    """bench_one_batch_server; with profile_dir a torch-profiler run instead
+    (GPU activity of the batch's first profile_steps forward steps, traces
+    written by the server into profile_dir): the profiler slows the steps it
+    records, so this runs after the timed batch and its numbers are not used."""
+    cmd = [python, "-m", "sglang.bench_one_batch_server", "--model-path", model_path,
+           "--base-url", base_url, "--batch-size", *map(str, batch_sizes),
+           "--input-len", str(input_len), "--output-len", str(output_len),
+           "--dataset-name", "random-ids", "--result-filename", result_file, "--show-report"]
+    if profile_dir:
+        cmd += ["--profile", "--profile-activities", "GPU", "--profile-output-dir", profile_dir,
+                "--profile-steps", str(profile_steps)]
+    return cmd
+
+
+def summarize_profile(trace_dir: str, steps: int, top: int = 40) -> dict:
+    """GPU kernel time per name from the torch-profiler traces (chrome trace
+    JSON, optionally .gz) in trace_dir: [{name, count, total_us, us_per_step}],
+    longest first. Kernels inside CUDA graphs are traced individually."""
+    import gzip
+
+    totals: dict[str, list] = {}
+    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.json*"), recursive=True))
+    for path in files:
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt") as f:
+            events = json.load(f).get("traceEvents", [])
+        for ev in events:
+            if ev.get("cat") == "kernel" and "dur" in ev:
+                t = totals.setdefault(ev["name"], [0, 0.0])
+                t[0] += 1
+                t[1] += float(ev["dur"])
+    kernels = sorted(({"name": n[:200], "count": c, "total_us": round(us, 1),
+                       "us_per_step": round(us / max(steps, 1), 2)}
+                      for n, (c, us) in totals.items()), key=lambda k: -k["total_us"])
+    return {"trace_files": [os.path.relpath(p, trace_dir) for p in files], "steps": steps,
+            "gpu_us_per_step": round(sum(k["total_us"] for k in kernels) / max(steps, 1), 1),
+            "kernels": kernels[:top]}
 
 
 # --- parsing -----------------------------------------------------------------
@@ -399,6 +435,36 @@ def check_openai(url: str) -> dict:
     return result
 
 
+def profile_arm(args, url: str, tag: str) -> dict:
+    """One more batch (the largest) under the torch profiler, after the timed
+    runs; the traces are summarised into the partial and then deleted (tens of
+    MB each)."""
+    trace_dir = os.path.join(args.log_dir, f"profile_{tag}")
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    os.makedirs(trace_dir)
+    bs = max(args.batch_sizes)
+    cmd = bench_command(args.model_path, url, batch_sizes=[bs], input_len=args.input_len,
+                        output_len=args.output_len,
+                        result_file=os.path.join(trace_dir, "bench.jsonl"),
+                        profile_dir=trace_dir, profile_steps=args.profile_steps)
+    log(f"{tag}: profile: {shlex.join(cmd)}")
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=min(args.bench_timeout, 180.0))
+        rc, tail = proc.returncode, proc.stdout[-1500:]
+    except subprocess.TimeoutExpired as e:  # keep the timed results of this arm
+        rc, tail = None, f"profile run timed out after {e.timeout}s"
+    summary = summarize_profile(trace_dir, args.profile_steps)
+    summary.update(batch=bs, command=shlex.join(cmd), rc=rc)
+    if rc != 0 or not summary["kernels"]:
+        summary["output_tail"] = tail
+    log(f"{tag}: profile: {summary['gpu_us_per_step']} us of GPU kernels per step over "
+        f"{len(summary['trace_files'])} trace file(s)")
+    if not args.keep_traces:
+        shutil.rmtree(trace_dir, ignore_errors=True)
+    return summary
+
+
 def run_arm(args, arm: str, family: str, env: dict) -> dict:
     label = arm_label(arm, args.checkpoint_dtype, args.decode_route)
     url = f"http://127.0.0.1:{args.port}"
@@ -465,6 +531,8 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
                     "sampling_params": {"temperature": 0.0, "max_new_tokens": args.parity_tokens,
                                         "ignore_eos": True}}, timeout=args.bench_timeout)
                 record["parity"] = {"prompts": prompts, "outputs": parse_generate_outputs(resp)}
+            if args.profile_steps:
+                record["profile"] = profile_arm(args, url, tag)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the partial records what failed
         record["error"] = f"{type(e).__name__}: {e}"
         log(f"{tag}: FAILED: {record['error']}")
@@ -733,6 +801,14 @@ def main(argv=None) -> int:
                           "depends on the SSM layers)")
     run.add_argument("--parity-prompts", type=int, default=64)
     run.add_argument("--parity-tokens", type=int, default=128)
+    run.add_argument("--profile-steps", type=int, default=0,
+                     help="after the timed runs, profile the first N forward steps of one "
+                          "more batch (the largest) with the torch profiler and store the "
+                          "per-kernel GPU time in the partial (0: off). The first "
+                          "batch*input_len/8192 steps are prefill chunks; add more than "
+                          "the buffer length to include a flush step")
+    run.add_argument("--keep-traces", action="store_true",
+                     help="keep the raw profiler traces in the log dir")
     run.add_argument("--server-args", default="",
                      help="extra launch_server flags for every arm, one quoted string")
     run.add_argument("--port", type=int, default=30000)

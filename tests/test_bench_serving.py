@@ -354,3 +354,25 @@ def test_stock_arm_commands_parse_with_sglangs_own_arguments(models):
                 assert ns.attention_backend == "flashinfer"
             else:
                 assert ns.attention_backend == "triton" and ns.moe_runner_backend == "triton"
+
+
+def test_profile_command_and_summary(tmp_path):
+    cmd = bs.bench_command("m", "http://h", batch_sizes=[64], input_len=512, output_len=256,
+                           result_file="r.jsonl", python="python3",
+                           profile_dir=str(tmp_path), profile_steps=24)
+    assert cmd[cmd.index("--profile-output-dir") + 1] == str(tmp_path)
+    assert cmd[cmd.index("--profile-steps") + 1] == "24" and "--profile" in cmd
+    assert "--profile" not in bs.bench_command("m", "http://h", batch_sizes=[1], input_len=1,
+                                               output_len=1, result_file="r", python="p")
+    import gzip
+    sub = tmp_path / "1733000000.0"
+    sub.mkdir()
+    ev = [{"cat": "kernel", "name": "gdn", "dur": 80.0}, {"cat": "kernel", "name": "gdn", "dur": 90.0},
+          {"cat": "kernel", "name": "moe", "dur": 500.0}, {"cat": "cpu_op", "name": "x", "dur": 9.0}]
+    with gzip.open(sub / "TP-0.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    (sub / "server_args.json").write_text("{}")  # no traceEvents: contributes nothing
+    s = bs.summarize_profile(str(tmp_path), steps=2)
+    assert [k["name"] for k in s["kernels"]] == ["moe", "gdn"]
+    assert s["kernels"][1] == {"name": "gdn", "count": 2, "total_us": 170.0, "us_per_step": 85.0}
+    assert s["gpu_us_per_step"] == 335.0 and len(s["trace_files"]) == 2
