@@ -64,3 +64,18 @@ def get_device() -> str:
 @pytest.fixture
 def device() -> str:
     return get_device()
+
+
+@pytest.fixture
+def non_ssm_model(tmp_path):
+    """A model dir whose config.json is a tiny Llama (no SSM layers): what
+    --enable-replayssm must refuse at startup."""
+    import json
+
+    path = tmp_path / "llama"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 4, "vocab_size": 256}))
+    return path

@@ -89,13 +89,9 @@ def test_replayssm_family_of_every_model(model_root, name):
     assert model_family(cfg) == make_model.MODELS[name][1]["family"]
 
 
-def test_replayssm_refuses_a_model_without_ssm_layers(tmp_path):
+def test_replayssm_refuses_a_model_without_ssm_layers(non_ssm_model):
     from sglang_replayssm.sglang_hooks import model_family
 
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "vocab_size": 256}))
-    cfg = get_config(str(tmp_path), trust_remote_code=False)
+    cfg = get_config(str(non_ssm_model), trust_remote_code=False)
     with pytest.raises(ValueError, match="--enable-replayssm: LlamaForCausalLM has no Mamba-2"):
         model_family(cfg)

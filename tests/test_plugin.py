@@ -87,10 +87,9 @@ def test_from_cli_args_stock_when_disabled(hooks, monkeypatch):
     assert ENV_PREFIX + "ENABLED" not in os.environ
 
 
-def test_from_cli_args_enabled_validates_and_exports(hooks, monkeypatch, tmp_path):
+def test_from_cli_args_enabled_validates_and_exports(hooks, monkeypatch, tmp_path, non_ssm_model):
     """The launcher validates the flags and the model, then exports the
     configuration (and the model's SSM family) for the spawned schedulers."""
-    import json
     import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
@@ -115,13 +114,7 @@ def test_from_cli_args_enabled_validates_and_exports(hooks, monkeypatch, tmp_pat
                                  "--replayssm-buffer-len", "1"])
     with pytest.raises(ValueError, match="--replayssm-buffer-len must be >= 2, got 1"):
         ServerArgs.from_cli_args(args)
-    llama = tmp_path / "llama"
-    llama.mkdir()
-    (llama / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 4, "vocab_size": 256}))
-    args = _parser().parse_args(["--model-path", str(llama), "--enable-replayssm"])
+    args = _parser().parse_args(["--model-path", str(non_ssm_model), "--enable-replayssm"])
     with pytest.raises(ValueError, match="has no Mamba-2 or Gated DeltaNet layers"):
         ServerArgs.from_cli_args(args)
     assert ENV_PREFIX + "ENABLED" not in os.environ
