@@ -160,7 +160,9 @@ def summarize_profile(trace_dir: str, steps: int, top: int = 40) -> dict:
     import gzip
 
     totals: dict[str, list] = {}
-    files = sorted(glob.glob(os.path.join(trace_dir, "**", "*.json*"), recursive=True))
+    # chrome traces only (the run also leaves server_args.json and bench.jsonl there)
+    files = sorted(p for p in glob.glob(os.path.join(trace_dir, "**", "*.json*"), recursive=True)
+                   if p.endswith((".trace.json", ".trace.json.gz")))
     for path in files:
         opener = gzip.open if path.endswith(".gz") else open
         with opener(path, "rt") as f:
@@ -435,6 +437,28 @@ def check_openai(url: str) -> dict:
     return result
 
 
+def generate_greedy(url: str, prompts, tokens: int, timeout: float) -> list[dict]:
+    return parse_generate_outputs(http_json(url + "/generate", {
+        "input_ids": prompts, "return_logprob": True,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}},
+        timeout=timeout))
+
+
+def parity_floor_dump(args, url: str, tag: str, prompts) -> dict:
+    """The same greedy dump again, sent in consecutive groups of
+    --parity-floor-group prompts: same server, same kernels, but every GEMM
+    and attention kernel runs at another batch size (other tiles, other
+    fp32 summation order). Against the batch dump this is the noise floor of
+    the arm itself: how far greedy tokens move when nothing but the rounding
+    of the non-SSM layers changes."""
+    n = args.parity_floor_group
+    log(f"{tag}: greedy dump again in groups of {n} (batch-composition noise floor)")
+    outputs = []
+    for i in range(0, len(prompts), n):
+        outputs += generate_greedy(url, prompts[i:i + n], args.parity_tokens, args.bench_timeout)
+    return {"group": n, "prompts": prompts, "outputs": outputs}
+
+
 def profile_arm(args, url: str, tag: str) -> dict:
     """One more batch (the largest) under the torch profiler, after the timed
     runs; the traces are summarised into the partial and then deleted (tens of
@@ -516,8 +540,11 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
                 if bs not in cases:
                     continue
                 step = steady_step_ms(decode_lines, bs)
+                graphs = {d["cuda_graph"] for d in decode_lines if d["running"] == bs}
                 record["rows"].append({"batch": bs, **cases[bs],
-                                       "step_ms": None if step is None else round(step, 3)})
+                                       "step_ms": None if step is None else round(step, 3),
+                                       # False if any decode step at this batch ran eagerly
+                                       "cuda_graph": graphs == {True} if graphs else None})
                 log(f"{tag}: batch {bs}: {cases[bs]['output_tok_s']:.1f} tok/s, "
                     f"ITL {cases[bs]['itl_ms']:.2f} ms, step {step} ms")
             if proc.returncode != 0 or len(record["rows"]) != len(args.batch_sizes):
@@ -526,11 +553,10 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
             if args.parity:
                 prompts = parity_prompts(args.parity_prompts, args.input_len)
                 log(f"{tag}: greedy dump, {len(prompts)} prompts x {args.parity_tokens} tokens")
-                resp = http_json(url + "/generate", {
-                    "input_ids": prompts, "return_logprob": True,
-                    "sampling_params": {"temperature": 0.0, "max_new_tokens": args.parity_tokens,
-                                        "ignore_eos": True}}, timeout=args.bench_timeout)
-                record["parity"] = {"prompts": prompts, "outputs": parse_generate_outputs(resp)}
+                record["parity"] = {"prompts": prompts, "outputs": generate_greedy(
+                    url, prompts, args.parity_tokens, args.bench_timeout)}
+                if args.parity_floor_group:
+                    record["parity_floor"] = parity_floor_dump(args, url, tag, prompts)
             if args.profile_steps:
                 record["profile"] = profile_arm(args, url, tag)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the partial records what failed
@@ -544,6 +570,10 @@ def cmd_run(args) -> int:
     args.model_path = os.path.abspath(os.path.join(args.model_root, f"{args.model}-dummy"))
     if not os.path.exists(os.path.join(args.model_path, "config.json")):
         sys.exit(f"{args.model_path}/config.json missing: run scripts/make_model.py first")
+    if args.parity_floor_group and not args.parity:
+        sys.exit("--parity-floor-group needs --parity")
+    if args.parity_floor_group < 0:
+        sys.exit(f"--parity-floor-group must be >= 0, got {args.parity_floor_group}")
     family = model_family(args.model_path)
     arms = args.arms or arms_for(family)
     for arm in arms:
@@ -646,6 +676,16 @@ def merge_parity(records: list[dict]) -> list[dict]:
             entry["noise_floor"] = not (arm == REPLAY_ARM or arm.startswith(REPLAY_ARM + "-"))
             entry["dummy_init"] = dumps[arm].get("dummy_init", "sglang")
             entries.append(entry)
+        for arm in sorted(dumps):
+            floor = dumps[arm].get("parity_floor")
+            if not floor:
+                continue
+            # the arm against itself at another batch composition
+            entry = compare_parity(dumps[arm]["parity"], floor, model=model,
+                                   checkpoint_dtype=dumps[arm].get("checkpoint_dtype"))
+            entry.update(arm=f"{arm} in groups of {floor['group']}", stock_arm=f"{arm} batched",
+                         noise_floor=True, dummy_init=dumps[arm].get("dummy_init", "sglang"))
+            entries.append(entry)
     return entries
 
 
@@ -700,8 +740,9 @@ def markdown(doc: dict) -> str:
         lines.append("")
     if doc["greedy_parity"]:
         lines += ["## Greedy parity (against the reference stock arm, temperature 0)", "",
-                  "Rows marked *noise floor* compare two stock configurations: the divergence "
-                  "a different fp32 rounding order alone causes on this model.", "",
+                  "Rows marked *noise floor* compare two stock configurations, or an arm with "
+                  "itself at another batch composition: the divergence a different fp32 "
+                  "rounding order alone causes on this model.", "",
                   "| model | arm | checkpoint dtype | vs | dummy init | prompts x tokens | "
                   "identical | first divergence | max logprob diff before it | informative |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
@@ -801,6 +842,10 @@ def main(argv=None) -> int:
                           "depends on the SSM layers)")
     run.add_argument("--parity-prompts", type=int, default=64)
     run.add_argument("--parity-tokens", type=int, default=128)
+    run.add_argument("--parity-floor-group", type=int, default=0, metavar="N",
+                     help="also dump the parity prompts in consecutive groups of N (0: off): "
+                          "each arm against itself at another batch size, the noise floor "
+                          "of greedy parity on this model")
     run.add_argument("--profile-steps", type=int, default=0,
                      help="after the timed runs, profile the first N forward steps of one "
                           "more batch (the largest) with the torch profiler and store the "

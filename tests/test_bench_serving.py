@@ -300,6 +300,27 @@ def test_merge_parity_reports_a_stock_vs_stock_noise_floor():
     assert "stock-flashinfer (noise floor)" in md
 
 
+def test_merge_parity_compares_an_arm_with_itself_in_smaller_batches():
+    floor = dict(REPLAY_DUMP, group=8)
+    recs = [_partial("q", "gdn", "stock-triton", {64: 1.0}, parity=STOCK_DUMP,
+                     parity_floor=floor),
+            _partial("q", "gdn", "replayssm", {64: 1.0}, parity=STOCK_DUMP, dtype="auto")]
+    by_arm = {e["arm"]: e for e in bs.merge_parity(recs)}
+    assert set(by_arm) == {"replayssm", "stock-triton in groups of 8"}
+    e = by_arm["stock-triton in groups of 8"]
+    assert e["noise_floor"] and e["stock_arm"] == "stock-triton batched"
+    assert e["identical_prompts"] == 1
+    assert e["first_divergence"] == {"prompt": 1, "position": 2, "logprob_gap": pytest.approx(0.05)}
+    assert not by_arm["replayssm"]["noise_floor"]
+
+
+def test_parity_floor_needs_parity(models, tmp_path):
+    root = os.path.dirname(models["nemotron-h-8b"])
+    with pytest.raises(SystemExit, match="--parity-floor-group needs --parity"):
+        bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root,
+                 "--parity-floor-group", "8", "--partial-dir", str(tmp_path)])
+
+
 def test_git_commit_falls_back_to_env(monkeypatch, tmp_path):
     monkeypatch.setattr(bs, "REPO", str(tmp_path))  # no .git there
     monkeypatch.setenv("GIT_COMMIT", "deadbeef")
@@ -371,8 +392,9 @@ def test_profile_command_and_summary(tmp_path):
           {"cat": "kernel", "name": "moe", "dur": 500.0}, {"cat": "cpu_op", "name": "x", "dur": 9.0}]
     with gzip.open(sub / "TP-0.trace.json.gz", "wt") as f:
         json.dump({"traceEvents": ev}, f)
-    (sub / "server_args.json").write_text("{}")  # no traceEvents: contributes nothing
+    (sub / "server_args.json").write_text("{}")  # not a trace
+    (tmp_path / "bench.jsonl").write_text("{}\n{}\n")  # not a trace (nor one JSON document)
     s = bs.summarize_profile(str(tmp_path), steps=2)
     assert [k["name"] for k in s["kernels"]] == ["moe", "gdn"]
     assert s["kernels"][1] == {"name": "gdn", "count": 2, "total_us": 170.0, "us_per_step": 85.0}
-    assert s["gpu_us_per_step"] == 335.0 and len(s["trace_files"]) == 2
+    assert s["gpu_us_per_step"] == 335.0 and s["trace_files"] == ["1733000000.0/TP-0.trace.json.gz"]
