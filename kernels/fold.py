@@ -32,7 +32,7 @@ import triton.language as tl
 
 from .common import dot_precision, interpreting
 
-__all__ = ["fold_dot", "split_fold_kernel", "launch_split_fold"]
+__all__ = ["fold_dot", "gdn_recompute_values", "split_fold_kernel", "launch_split_fold"]
 
 
 @triton.jit
@@ -46,16 +46,48 @@ def fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def gdn_recompute_values(h, vs, betas, ks, cum, upto, BLOCK_S: tl.constexpr,
+                         DOT_PRECISION: tl.constexpr):
+    """GDN's corrected values of the selected positions, recomputed from the
+    checkpoint tile h [R, K] (the precise copy) and the raw inputs:
+
+        u_s = beta_s (v_s - exp(cum_s) h k_s - sum_{r<s} exp(cum_s - cum_r) (k_r . k_s) u_r)
+
+    i.e. (I + M) U = B with M[s, r] = beta_s exp(cum_s - cum_r) (k_r . k_s)
+    strictly lower triangular and B[s] = beta_s (v_s - exp(cum_s) h k_s).
+    M is nilpotent (M^S = 0), so (I + M)^-1 = (I - M)(I + M^2)(I + M^4)...
+    with log2(S) factors: a handful of [S, S] tl.dots instead of S
+    sequential substitution steps (which, unrolled, spill registers).
+    vs: [S, R] raw values; betas, cum: [S]; ks: [S, K]; upto: [S] bool.
+    Returns U [S, R], zero outside ``upto``."""
+    offs_s = tl.arange(0, BLOCK_S)
+    hk = tl.dot(ks, tl.trans(h), input_precision=DOT_PRECISION)          # [S, R]: h k_s
+    rhs = betas[:, None] * (vs - tl.exp(cum)[:, None] * hk)
+    rhs = tl.where(upto[:, None], rhs, 0.0)
+    kk = tl.dot(ks, tl.trans(ks), input_precision=DOT_PRECISION)         # [S, S]: k_s . k_r
+    lower = (offs_s[None, :] < offs_s[:, None]) & upto[:, None] & upto[None, :]
+    neg = tl.where(lower, -betas[:, None] * tl.exp(tl.minimum(cum[:, None] - cum[None, :], 0.0))
+                   * kk, 0.0)                                            # -M
+    inv = tl.where(offs_s[:, None] == offs_s[None, :], 1.0, 0.0) + neg  # I - M
+    power = tl.dot(neg, neg, input_precision=DOT_PRECISION)             # M^2
+    for _ in tl.static_range(BLOCK_S.bit_length() - 2):                  # log2(S) - 1 more
+        inv += tl.dot(inv, power, input_precision=DOT_PRECISION)
+        power = tl.dot(power, power, input_precision=DOT_PRECISION)
+    return tl.dot(inv, rhs, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def split_fold_kernel(
-    ckpt_ptr, fold_ptr, vbuf_ptr, kbuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr, A_ptr,
+    ckpt_ptr, fold_ptr, vbuf_ptr, kbuf_ptr, gbuf_ptr, betabuf_ptr, fill_ptr, origin_ptr,
+    slot_ptr, A_ptr,
     batch, nheads, heads_per_group, rows, dim, buffer_len, capacity,
     s_ck_slot, s_ck_head, s_ck_row,
     s_vb_slot, s_vb_head, s_vb_pos,
     s_kb_slot, s_kb_group, s_kb_pos,
-    s_gb_slot, s_gb_head, s_A,
+    s_gb_slot, s_gb_head, s_bb_slot, s_bb_head, s_A,
     ROWS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_FOLD_COPY: tl.constexpr, FOLD_DOT: tl.constexpr, DT_GATED: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    RECOMPUTE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """(C) Persistent: every program scans the batch's cursors (ROWS rows at a
     time, as a vector), enumerates the work items (flushing row, head, row
@@ -126,6 +158,11 @@ def split_fold_kernel(
                     w_in = gs
                 else:
                     w_in = tl.where(upto, 1.0, 0.0)
+                if RECOMPUTE:
+                    # GDN with a fold copy: vbuf holds the raw v; u from h (precise)
+                    bs = tl.load(betabuf_ptr + slot * s_bb_slot + head * s_bb_head + ring,
+                                 mask=upto, other=0.0)
+                    vs = gdn_recompute_values(h, vs, bs, ks, cum, upto, BLOCK_S, DOT_PRECISION)
                 h = fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION)
             else:
                 # FMA outer products, one ring entry at a time (no [S, rows] /
@@ -169,14 +206,18 @@ def fold_programs(device) -> int:
 
 
 def launch_split_fold(checkpoint, checkpoint_fold, vbuf, kbuf, gbuf, fill, origin, slot_ids,
-                      A, *, buffer_len, cfg, BLOCK_S):
+                      A, *, buffer_len, cfg, BLOCK_S, beta_buffer=None):
     """Launch (C) on checked tensors (see the module docstring for the rings):
     checkpoint (and checkpoint_fold, same strides, or None) [S, heads, rows, K];
     vbuf [S, heads, cap, rows]; kbuf [S, groups, cap, K]; gbuf [S, heads, cap]
     fp32; fill/origin [S] int32 (this step's, before commit); slot_ids [b];
     A [heads] fp32 (Mamba-2) or None (GDN: the ring holds the log decay).
     cfg: SplitConfig (fold_block, fold_warps, fold_programs, fold_rows, fold_dot),
-    already checked by ``common.split_config``."""
+    already checked by ``common.split_config``. GDN with a fold copy:
+    ``beta_buffer`` [S, heads, cap] fp32 and vbuf the *raw* v ring; the fold
+    recomputes u from the fold copy (``gdn_recompute_values``, dot fold only)."""
+    recompute = beta_buffer is not None
+    assert not recompute or (A is None and checkpoint_fold is not None and cfg.fold_dot)
     _, H, R, K = checkpoint.shape
     G = kbuf.shape[1]
     batch = slot_ids.shape[0]
@@ -186,14 +227,18 @@ def launch_split_fold(checkpoint, checkpoint_fold, vbuf, kbuf, gbuf, fill, origi
     nprog = cfg.fold_programs or fold_programs(checkpoint.device)
     split_fold_kernel[(nprog,)](
         checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
-        vbuf, kbuf, gbuf, fill, origin, slot_ids, A if A is not None else gbuf,
+        vbuf, kbuf, gbuf, beta_buffer if recompute else gbuf, fill, origin, slot_ids,
+        A if A is not None else gbuf,
         batch, H, H // G, R, K, buffer_len, vbuf.shape[2],
         checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
         vbuf.stride(0), vbuf.stride(1), vbuf.stride(2),
         kbuf.stride(0), kbuf.stride(1), kbuf.stride(2),
-        gbuf.stride(0), gbuf.stride(1), A.stride(0) if A is not None else 0,
+        gbuf.stride(0), gbuf.stride(1),
+        beta_buffer.stride(0) if recompute else 0, beta_buffer.stride(1) if recompute else 0,
+        A.stride(0) if A is not None else 0,
         ROWS=fold_rows, BLOCK_S=BLOCK_S, BLOCK_R=fold_block,
         BLOCK_K=max(16, triton.next_power_of_2(K)),
         HAS_FOLD_COPY=checkpoint_fold is not None, FOLD_DOT=bool(cfg.fold_dot),
-        DT_GATED=A is not None, DOT_PRECISION=dot_precision(), num_warps=cfg.fold_warps,
+        DT_GATED=A is not None, RECOMPUTE=recompute, DOT_PRECISION=dot_precision(),
+        num_warps=cfg.fold_warps,
     )

@@ -58,7 +58,7 @@ from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      check_live_cursors, check_pool, dot_precision, ring_positions, softplus,
                      split_config)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
-from .fold import launch_split_fold
+from .fold import gdn_recompute_values, launch_split_fold
 from .projection import project_state
 
 __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "ROUTES",
@@ -84,8 +84,35 @@ def _fold(h, us, ks, g_cum, offs_s, last, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _flush(h, us, ks, cum, offs_s, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr, ck_off,
+           m_vk, vb_off, bb_off, ring_ok, mask_v, vwin, bwin, is_win,
+           HAS_FOLD_COPY: tl.constexpr, BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold logical positions 0..last into the checkpoint and store it; returns
+    the folded state (fp32). With a fold copy the fold starts from the
+    precise copy and recomputes the corrected values from the raw inputs
+    (ring history at ``ring_ok`` + the window's ``vwin``/``bwin``): the u_s in
+    ``us`` were computed from the read copy, and folding them would carry its
+    rounding into the recurrence. Both copies are written."""
+    if HAS_FOLD_COPY:
+        h = tl.load(fold_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)
+        vs = tl.load(vbuf_ptr + vb_off, mask=ring_ok[:, None] & mask_v[None, :],
+                     other=0.0).to(tl.float32)
+        vs = tl.where(is_win[:, None], vwin, vs)
+        bs = tl.load(betabuf_ptr + bb_off, mask=ring_ok, other=0.0)
+        bs = tl.where(is_win, bwin, bs)
+        upto = offs_s <= last
+        us = gdn_recompute_values(h, vs, bs, ks, cum, upto, BLOCK_S, DOT_PRECISION)
+        h = _fold(h, us, ks, cum, offs_s, last, DOT_PRECISION)
+        tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_vk)
+    else:
+        h = _fold(h, us, ks, cum, offs_s, last, DOT_PRECISION)
+    tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_vk)
+    return h
+
+
+@triton.jit
 def _gdn_replay_kernel(
-    ckpt_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr,
+    ckpt_ptr, fold_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr,
     fill_ptr, origin_ptr, slot_ptr,
     qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
     H, HV, K, V, buffer_len, capacity,
@@ -93,11 +120,12 @@ def _gdn_replay_kernel(
     s_kb_slot, s_kb_head, s_kb_pos,
     s_ub_slot, s_ub_head, s_ub_pos,
     s_gb_slot, s_gb_head,
+    s_vb_slot, s_vb_head, s_vb_pos, s_bb_slot, s_bb_head,
     s_qkv_row, s_qkv_t, s_a_row, s_a_t, s_b_row, s_b_t,
     s_o_row, s_o_t, s_o_head,
     T: tl.constexpr, MODE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     hv = tl.program_id(1)
@@ -134,6 +162,11 @@ def _gdn_replay_kernel(
     us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
                  + offs_v[None, :], mask=is_hist[:, None] & mask_v[None, :],
                  other=0.0).to(tl.float32)                                   # [S, BV]
+    # raw-input rings (fold copy only): read by _flush, the window appended below
+    vb_off = slot * s_vb_slot + hv * s_vb_head + ring[:, None] * s_vb_pos + offs_v[None, :]
+    bb_off = slot * s_bb_slot + hv * s_bb_head + ring
+    vwin = tl.zeros([BLOCK_S, BLOCK_V], dtype=tl.float32)
+    bwin = tl.zeros([BLOCK_S], dtype=tl.float32)
 
     # window gates and keys (the window's u is computed below, token by token)
     A_log = tl.load(A_log_ptr + hv).to(tl.float32)
@@ -149,15 +182,18 @@ def _gdn_replay_kernel(
         ks = tl.where((offs_s == fill + j)[:, None], k_j[None, :], ks)
     cum = tl.cumsum(g_s, axis=0)
 
+    no_win = offs_s < 0
     if MODE == 2:
-        h = _fold(h, us, ks, cum, offs_s, fill - 1, DOT_PRECISION)
-        tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_vk)
+        h = _flush(h, us, ks, cum, offs_s, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+                   ck_off, m_vk, vb_off, bb_off, is_hist, mask_v, vwin, bwin, no_win,
+                   HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
     else:
         if MODE == 1:
             # verify: flush the committed history first when the window would fill the buffer
             if fill + T >= buffer_len:
-                h = _fold(h, us, ks, cum, offs_s, fill - 1, DOT_PRECISION)
-                tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_vk)
+                h = _flush(h, us, ks, cum, offs_s, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr,
+                           betabuf_ptr, ck_off, m_vk, vb_off, bb_off, is_hist, mask_v, vwin,
+                           bwin, no_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
                 lo = fill
             else:
                 lo = fill * 0
@@ -188,14 +224,18 @@ def _gdn_replay_kernel(
             o_j = decay * tl.sum(h * q_j[None, :], axis=1) + tl.sum(us * (w * kq)[:, None], axis=0) \
                 + tl.sum(k_j * q_j) * u_j
             us = tl.where((offs_s == q_pos)[:, None], u_j[None, :], us)
+            if HAS_FOLD_COPY:
+                vwin = tl.where((offs_s == q_pos)[:, None], v_j[None, :], vwin)
+                bwin = tl.where(offs_s == q_pos, beta, bwin)
             tl.store(out_ptr + row * s_o_row + j * s_o_t + hv * s_o_head + offs_v,
                      o_j.to(out_ptr.dtype.element_ty), mask=mask_v)
         if MODE == 0:
             # decode: a full buffer folds history + this token at the end of the step
             flush = fill + 1 >= buffer_len
             if flush:
-                h = _fold(h, us, ks, cum, offs_s, fill, DOT_PRECISION)
-                tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_vk)
+                h = _flush(h, us, ks, cum, offs_s, fill, ckpt_ptr, fold_ptr, vbuf_ptr,
+                           betabuf_ptr, ck_off, m_vk, vb_off, bb_off, is_hist, mask_v, vwin,
+                           bwin, is_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
             n_write = tl.where(flush, 0, 1)
         else:
             n_write = T
@@ -205,8 +245,13 @@ def _gdn_replay_kernel(
         tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
                  + offs_v[None, :], us.to(ubuf_ptr.dtype.element_ty),
                  mask=write[:, None] & mask_v[None, :])
+        if HAS_FOLD_COPY:
+            tl.store(vbuf_ptr + vb_off, vwin.to(vbuf_ptr.dtype.element_ty),
+                     mask=write[:, None] & mask_v[None, :])
         if pid_v == 0:
             tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, g_s, mask=write)
+            if HAS_FOLD_COPY:
+                tl.store(betabuf_ptr + bb_off, bwin, mask=write)
             if hv % (HV // H) == 0:
                 tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
                          + offs_k[None, :], ks.to(kbuf_ptr.dtype.element_ty),
@@ -215,16 +260,17 @@ def _gdn_replay_kernel(
 
 @triton.jit
 def _gdn_split_outputs_kernel(
-    proj_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
-    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
+    proj_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr, fill_ptr, origin_ptr,
+    slot_ptr, qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
     H, HV, K, V, capacity,
     s_pr_row, s_pr_j, s_pr_head,
     s_kb_slot, s_kb_head, s_kb_pos,
     s_ub_slot, s_ub_head, s_ub_pos,
     s_gb_slot, s_gb_head,
+    s_vb_slot, s_vb_head, s_vb_pos, s_bb_slot, s_bb_head,
     s_qkv_row, s_a_row, s_b_row, s_o_row, s_o_head,
     HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr,
 ):
     """(B) One program per (row, HEADS consecutive v-heads of one k-head): the
     decode output from the projection (A) and the ring, then the token's
@@ -322,6 +368,10 @@ def _gdn_split_outputs_kernel(
         tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring_q * s_ub_pos + offs_v,
                  u_t.to(ubuf_ptr.dtype.element_ty), mask=mask_v)
         tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring_q, g_t)
+        if HAS_FOLD_COPY:  # raw inputs: (C) recomputes u from the precise copy
+            tl.store(vbuf_ptr + slot * s_vb_slot + hv * s_vb_head + ring_q * s_vb_pos + offs_v,
+                     v_t.to(vbuf_ptr.dtype.element_ty), mask=mask_v)
+            tl.store(betabuf_ptr + slot * s_bb_slot + hv * s_bb_head + ring_q, beta)
 
 
 # --------------------------------------------------------------------------
@@ -359,9 +409,35 @@ def default_route(batch: int, state_dtype: torch.dtype, mode: int = MODE_DECODE)
     return "split"
 
 
+def _check_fold_copy(checkpoint, checkpoint_fold, v_buffer, beta_buffer, cap):
+    """The dual-precision fields come together: the precise copy (same shape
+    and strides as the checkpoint) and the raw-input rings it is folded from."""
+    given = [t is not None for t in (checkpoint_fold, v_buffer, beta_buffer)]
+    check(all(given) or not any(given),
+          "checkpoint_fold, v_buffer and beta_buffer go together (the fold copy is folded "
+          "from the raw v and beta rings)")
+    if not any(given):
+        return
+    num_slots, HV, V, K = checkpoint.shape
+    check(checkpoint_fold.shape == checkpoint.shape and
+          checkpoint_fold.stride() == checkpoint.stride(),
+          f"checkpoint_fold must have the checkpoint's shape {tuple(checkpoint.shape)} and "
+          f"strides, got {tuple(checkpoint_fold.shape)} {checkpoint_fold.stride()}")
+    check(checkpoint_fold.dtype == torch.float32,
+          f"checkpoint_fold must be float32, got {checkpoint_fold.dtype}")
+    check(tuple(v_buffer.shape) == (num_slots, HV, cap, V) and v_buffer.stride(-1) == 1
+          and v_buffer.dtype in ACT_DTYPES,
+          f"v_buffer must be [num_slots={num_slots}, HV={HV}, capacity={cap}, V={V}] in an "
+          f"activation dtype, contiguous in V; got {tuple(v_buffer.shape)} {v_buffer.dtype}")
+    check(tuple(beta_buffer.shape) == (num_slots, HV, cap) and beta_buffer.stride(-1) == 1
+          and beta_buffer.dtype == torch.float32,
+          f"beta_buffer must be float32 [num_slots={num_slots}, HV={HV}, capacity={cap}], got "
+          f"{tuple(beta_buffer.shape)} {beta_buffer.dtype}")
+
+
 def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, mixed_qkv,
             a, b, A_log, dt_bias, scale, out, buffer_len, num_k_heads, use_qk_l2norm, config,
-            validate, route="auto"):
+            validate, route="auto", checkpoint_fold=None, v_buffer=None, beta_buffer=None):
     num_slots, HV, V, K = checkpoint.shape
     H = num_k_heads
     cap = u_buffer.shape[2]
@@ -383,6 +459,8 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     check(g_buffer.dtype == torch.float32, f"g_buffer must be float32, got {g_buffer.dtype}")
     check(k_buffer.dtype in ACT_DTYPES and u_buffer.dtype in ACT_DTYPES,
           f"k_buffer/u_buffer dtype must be one of {ACT_DTYPES}")
+    _check_fold_copy(checkpoint, checkpoint_fold, v_buffer, beta_buffer, cap)
+    has_fold = checkpoint_fold is not None
     if route == "auto":
         route = default_route(batch, checkpoint.dtype, mode)
     check(route in ROUTES, f"route must be one of {ROUTES} or 'auto', got {route!r}")
@@ -414,10 +492,14 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         # config first: a bad one is refused before any launch
         cfg = split_config(config or default_config(V, K, checkpoint.dtype, batch, route=route),
                            HV // H)
+        check(not has_fold or cfg.fold_dot,
+              "SplitConfig.fold_dot=False (the FMA fold) cannot recompute the corrected values "
+              "for a fold copy")
         if batch:
             _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                           mixed_qkv[:, 0], a[:, 0], b[:, 0], A_log, dt_bias, scale, out[:, 0],
-                          buffer_len, H, use_qk_l2norm, cfg, BLOCK_S)
+                          buffer_len, H, use_qk_l2norm, cfg, BLOCK_S, checkpoint_fold,
+                          v_buffer, beta_buffer)
         return out
     if batch == 0:
         return out
@@ -428,9 +510,12 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     a_ = a if a is not None else qkv
     b_ = b if b is not None else qkv
     o = out if out is not None else g_buffer.new_empty(batch, 1, 1, 1)
+    vb = v_buffer if has_fold else u_buffer  # placeholders: not read without a fold copy
+    bb = beta_buffer if has_fold else g_buffer
     grid = (triton.cdiv(V, cfg.block), HV, batch)
     _gdn_replay_kernel[grid](
-        checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+        checkpoint, checkpoint_fold if has_fold else checkpoint, k_buffer, u_buffer, g_buffer,
+        vb, bb, fill, origin, slot_ids,
         qkv, a_, b_, A_log if A_log is not None else g_buffer,
         dt_bias if dt_bias is not None else g_buffer, o, float(scale),
         H, HV, K, V, buffer_len, cap,
@@ -438,10 +523,11 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
         u_buffer.stride(0), u_buffer.stride(1), u_buffer.stride(2),
         g_buffer.stride(0), g_buffer.stride(1),
+        vb.stride(0), vb.stride(1), vb.stride(2), bb.stride(0), bb.stride(1),
         qkv.stride(0), qkv.stride(1), a_.stride(0), a_.stride(1), b_.stride(0), b_.stride(1),
         o.stride(0), o.stride(1), o.stride(2),
         T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_V=cfg.block, BLOCK_K=BLOCK_K,
-        USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(),
+        USE_QK_L2NORM=use_qk_l2norm, HAS_FOLD_COPY=has_fold, DOT_PRECISION=dot_precision(),
         num_warps=cfg.num_warps,
     )
     return out
@@ -449,7 +535,7 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
 
 def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                   mixed_qkv, a, b, A_log, dt_bias, scale, out, buffer_len, H, use_qk_l2norm, cfg,
-                  BLOCK_S):
+                  BLOCK_S, checkpoint_fold=None, v_buffer=None, beta_buffer=None):
     """The split decode step on checked tensors: mixed_qkv [b, 2*H*K + HV*V],
     a/b [b, HV], out [b, HV, V], cfg a checked SplitConfig. Three launches on
     the current stream, in this order: (A) reads the checkpoint before (C)
@@ -469,30 +555,37 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
                          config=LaunchConfig(cfg.block, cfg.num_warps))
 
     # (B) outputs + append (every live row, flush step included)
+    has_fold = checkpoint_fold is not None
+    vb = v_buffer if has_fold else u_buffer  # placeholders: not written without a fold copy
+    bb = beta_buffer if has_fold else g_buffer
     _gdn_split_outputs_kernel[(batch, HV // cfg.out_heads)](
-        proj, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+        proj, k_buffer, u_buffer, g_buffer, vb, bb, fill, origin, slot_ids,
         mixed_qkv, a, b, A_log, dt_bias, out, float(scale),
         H, HV, K, V, u_buffer.shape[2],
         proj.stride(0), proj.stride(1), proj.stride(2),
         k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
         u_buffer.stride(0), u_buffer.stride(1), u_buffer.stride(2),
         g_buffer.stride(0), g_buffer.stride(1),
+        vb.stride(0), vb.stride(1), vb.stride(2), bb.stride(0), bb.stride(1),
         mixed_qkv.stride(0), a.stride(0), b.stride(0), out.stride(0), out.stride(1),
         HEADS=cfg.out_heads, BLOCK_S=BLOCK_S, BLOCK_V=max(16, triton.next_power_of_2(V)),
         BLOCK_K=max(16, triton.next_power_of_2(K)), USE_QK_L2NORM=use_qk_l2norm,
+        HAS_FOLD_COPY=has_fold,
         num_warps=cfg.out_warps,
     )
 
     # (C) fold the rows whose decode flush rule fires (the others: a cursor
-    # scan): u as the per-head rows, k as the per-group keys, g the log decay
-    launch_split_fold(checkpoint, None, u_buffer, k_buffer, g_buffer, fill, origin, slot_ids,
-                      None, buffer_len=buffer_len, cfg=cfg, BLOCK_S=BLOCK_S)
+    # scan): u as the per-head rows, k as the per-group keys, g the log decay;
+    # with a fold copy the raw v and beta, u recomputed from the precise copy
+    launch_split_fold(checkpoint, checkpoint_fold, vb if has_fold else u_buffer, k_buffer,
+                      g_buffer, fill, origin, slot_ids, None, buffer_len=buffer_len, cfg=cfg,
+                      BLOCK_S=BLOCK_S, beta_buffer=beta_buffer if has_fold else None)
 
 
 def gdn_replay_decode(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                       mixed_qkv, a, b, A_log, dt_bias, scale, *, buffer_len, num_k_heads,
                       out=None, use_qk_l2norm=True, route="auto", config=None,
-                      validate=False):
+                      checkpoint_fold=None, v_buffer=None, beta_buffer=None, validate=False):
     """One decode step of a GDN layer from checkpoint + input buffer.
 
     Shapes (b = batch rows, S = pool slots, cap = buffer capacity):
@@ -507,6 +600,16 @@ def gdn_replay_decode(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
         mixed_qkv    [b, 2*H*K + HV*V] post-conv packed q|k|v (bf16/fp16/fp32)
         a, b         [b, HV]         A_log, dt_bias: [HV]
         out          [b, HV, V] or None (allocated in mixed_qkv's dtype)
+    Dual precision (all three or none):
+        checkpoint_fold [S, HV, V, K] float32, the checkpoint's strides: the
+                     precise copy, read and written only by flushes
+        v_buffer     [S, HV, cap, V] activation dtype: the raw values v
+        beta_buffer  [S, HV, cap]    float32: the gates beta
+    The outputs read ``checkpoint`` (the cheap copy) and the u ring computed
+    from it; a flush recomputes the u of the buffered tokens from the fold
+    copy and the raw rings (u depends on the state it was computed from, so
+    folding the read copy's u would carry its rounding into the recurrence),
+    folds into the fold copy and writes both copies.
     Any stride is taken from the tensors except the innermost dim, which must
     be contiguous.
 
@@ -529,14 +632,14 @@ def gdn_replay_decode(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
     o = _launch(MODE_DECODE, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                 mixed_qkv.unsqueeze(1), a.unsqueeze(1), b.unsqueeze(1), A_log, dt_bias, scale,
                 None if out is None else out.unsqueeze(1), buffer_len, num_k_heads,
-                use_qk_l2norm, config, validate, route)
+                use_qk_l2norm, config, validate, route, checkpoint_fold, v_buffer, beta_buffer)
     return o.squeeze(1)
 
 
 def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                       mixed_qkv, a, b, A_log, dt_bias, scale, *, buffer_len, num_k_heads,
                       out=None, use_qk_l2norm=True, route="auto", config=None,
-                      validate=False):
+                      checkpoint_fold=None, v_buffer=None, beta_buffer=None, validate=False):
     """Chain verification of T draft tokens per row, output-only.
 
     As :func:`gdn_replay_decode` with a window dim: mixed_qkv [b, T, dim],
@@ -552,14 +655,17 @@ def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
         raise ValueError(f"verify expects mixed_qkv [batch, T, dim], got {tuple(mixed_qkv.shape)}")
     return _launch(MODE_VERIFY, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                    mixed_qkv, a, b, A_log, dt_bias, scale, out, buffer_len, num_k_heads,
-                   use_qk_l2norm, config, validate, route)
+                   use_qk_l2norm, config, validate, route, checkpoint_fold, v_buffer,
+                   beta_buffer)
 
 
 def gdn_replay_flush(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, *,
-                     buffer_len, num_k_heads, route="auto", config=None, validate=False):
+                     buffer_len, num_k_heads, route="auto", config=None, checkpoint_fold=None,
+                     v_buffer=None, beta_buffer=None, validate=False):
     """Fold each row's buffered tokens into its checkpoint (empty rows skipped).
     Afterwards ``cursors.commit(mode=MODE_FLUSH)`` once for all layers.
-    ``route="split"`` raises ValueError (the fused kernel flushes any pool)."""
+    ``route="split"`` raises ValueError (the fused kernel flushes any pool).
+    With a fold copy (see :func:`gdn_replay_decode`) both copies are written."""
     _launch(MODE_FLUSH, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
             None, None, None, None, None, 1.0, None, buffer_len, num_k_heads, True, config,
-            validate, route)
+            validate, route, checkpoint_fold, v_buffer, beta_buffer)

@@ -91,7 +91,7 @@ def mamba2():
                                 kbuf_ptr="*bf16", gbuf_ptr="*fp32"),
                            {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": N,
                             "HAS_FOLD_COPY": False, "FOLD_DOT": dot, "DT_GATED": True,
-                            "DOT_PRECISION": "tf32x3"}, nw)
+                            "RECOMPUTE": False, "DOT_PRECISION": "tf32x3"}, nw)
 
 
 def gdn_split():
@@ -114,7 +114,7 @@ def gdn_split():
                 report(f"GDN (B) outputs u ring {sdt} out_heads={heads}",
                        gdn._gdn_split_outputs_kernel, ring,
                        {"HEADS": heads, "BLOCK_S": L, "BLOCK_V": V, "BLOCK_K": K,
-                        "USE_QK_L2NORM": True}, nw)
+                        "USE_QK_L2NORM": True, "HAS_FOLD_COPY": False}, nw)
         for dot in (True, False):
             for block in (32, 64, 128):
                 for nw in (4, 8):
@@ -125,7 +125,39 @@ def gdn_split():
                             "origin_ptr": "*i32", "slot_ptr": "*i32", "A_ptr": "*fp32"},
                            {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": K,
                             "HAS_FOLD_COPY": False, "FOLD_DOT": dot, "DT_GATED": False,
-                            "DOT_PRECISION": "tf32x3"}, nw)
+                            "RECOMPUTE": False, "DOT_PRECISION": "tf32x3"}, nw)
+    # dual precision: bf16 read copy, fp32 fold copy, u recomputed in the fold
+    for block in (32, 64):
+        for nw in (4, 8):
+            report(f"GDN (C) fold bf16+fp32 copy, recompute u, fold_block={block}",
+                   fd.split_fold_kernel,
+                   {"ckpt_ptr": "*bf16", "fold_ptr": "*fp32", "vbuf_ptr": "*bf16",
+                    "kbuf_ptr": "*fp32", "gbuf_ptr": "*fp32", "betabuf_ptr": "*fp32",
+                    "fill_ptr": "*i32", "origin_ptr": "*i32", "slot_ptr": "*i32",
+                    "A_ptr": "*fp32"},
+                   {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": K,
+                    "HAS_FOLD_COPY": True, "FOLD_DOT": True, "DT_GATED": False,
+                    "RECOMPUTE": True, "DOT_PRECISION": "tf32x3"}, nw)
+
+
+def gdn_fused():
+    """The fused decode kernel (MODE 0, T = 1), single and dual precision."""
+    K = V = 128
+    cases = {"fp32": ("*fp32", "*fp32", "*fp32", False), "bf16": ("*bf16", "*bf16", "*bf16", False),
+             "bf16+fp32 copy": ("*bf16", "*fp32", "*fp32", True)}
+    for name, (ck, fold, kring, has_fold) in cases.items():
+        for block in (32, 64):
+            for nw in (2, 4, 8):
+                report(f"GDN fused decode {name} block={block}", gdn._gdn_replay_kernel,
+                       {"ckpt_ptr": ck, "fold_ptr": fold, "kbuf_ptr": kring,
+                        "ubuf_ptr": ck, "gbuf_ptr": "*fp32", "vbuf_ptr": "*bf16",
+                        "betabuf_ptr": "*fp32", "fill_ptr": "*i32", "origin_ptr": "*i32",
+                        "slot_ptr": "*i32", "qkv_ptr": "*bf16", "a_ptr": "*bf16",
+                        "b_ptr": "*bf16", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16",
+                        "out_ptr": "*bf16"},
+                       {"T": 1, "MODE": 0, "BLOCK_S": L, "BLOCK_V": block, "BLOCK_K": K,
+                        "USE_QK_L2NORM": True, "HAS_FOLD_COPY": has_fold,
+                        "DOT_PRECISION": "tf32x3"}, nw)
 
 
 def main():
@@ -134,6 +166,7 @@ def main():
         mamba2()
     if "gdn" in which:
         gdn_split()
+        gdn_fused()
 
 
 if __name__ == "__main__":

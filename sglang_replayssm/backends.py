@@ -215,6 +215,14 @@ class ReplayMamba2AttnBackend(Mamba2AttnBackend):
         return requested or get_memory().enable_page_major_kv_layout
 
 
+def _gdn_fold_kwargs(cache) -> dict:
+    """The dual-precision fields of a GDN layer's cache (empty without a fold copy)."""
+    if cache.checkpoint_fold is None:
+        return {}
+    return dict(checkpoint_fold=cache.checkpoint_fold, v_buffer=cache.v_buffer,
+                beta_buffer=cache.beta_buffer)
+
+
 class _ReplayGDNDispatcher:
     """GDNKernelDispatcher whose packed decode is the ReplaySSM kernel;
     every other kernel (extend, verify) is the wrapped stock dispatcher's."""
@@ -237,7 +245,7 @@ class _ReplayGDNDispatcher:
             c.temporal, c.k_buffer, c.u_buffer, c.g_buffer, pool.fill, pool.origin,
             cache_indices, mixed_qkv, a, b, A_log, dt_bias, scale,
             buffer_len=pool.buffer_len, num_k_heads=c.k_buffer.shape[1],
-            route=pool.decode_route)
+            route=pool.decode_route, **_gdn_fold_kwargs(c))
         return out.unsqueeze(0)  # [1, B, HV, V], the stock packed decode's layout
 
 
@@ -268,8 +276,14 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
         # through the chunk scan from the checkpoint: fold the buffer first.
         gdn_replay_flush(c.temporal, c.k_buffer, c.u_buffer, c.g_buffer, pool.fill,
                          pool.origin, slots, buffer_len=pool.buffer_len,
-                         num_k_heads=c.k_buffer.shape[1])
-        out = super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+                         num_k_heads=c.k_buffer.shape[1], **_gdn_fold_kwargs(c))
+        # with a fold copy the stock scan starts from and writes the precise
+        # copy (it fetches the layer cache itself), then the read copy follows
+        with pool.fold_copy_as_state():
+            out = super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        if c.checkpoint_fold is not None:
+            idx = slots.long()
+            c.temporal[idx] = c.checkpoint_fold[idx].to(c.temporal.dtype)
         if layer.layer_id == self.replay.last_layer_id:
             self.replay.commit(slots, MODE_FLUSH)
         return out

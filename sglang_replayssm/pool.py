@@ -29,7 +29,11 @@ or the draft tokens per verify step when speculative decoding is on):
   ``k_buffer`` [L_m, S+1, Hk, cap, K], ``u_buffer`` [L_m, S+1, HV, cap, V] --
   fp32 when the checkpoint is fp32 (keeps fp32 parity), bf16 otherwise, k the
   same as u (as ``scripts/bench_kernels.py`` GDN ``replay_pool``) -- and
-  ``g_buffer`` [L_m, S+1, HV, cap] fp32. No fold copy (the GDN kernels have none).
+  ``g_buffer`` [L_m, S+1, HV, cap] fp32. With ``fold_dtype``: ``checkpoint_fold``
+  as for Mamba-2 plus the raw-input rings the fold recomputes u from,
+  ``v_buffer`` [L_m, S+1, HV, cap, V] bf16 and ``beta_buffer`` [L_m, S+1, HV,
+  cap] fp32; k is then fp32 (the fold needs the normalised keys unrounded),
+  u stays bf16 (only the outputs read it).
 * Pool-wide cursors ``fill`` and ``origin`` [S+1] int32 (attributes of the pool,
   shared by every layer; see ``kernels/cursors.py``).
 
@@ -59,13 +63,13 @@ Per TP rank the group / key-head count is ``(conv[0][0] - heads * head_dim) /
 not supported.
 
 Not supported (raise): SGLang's own ReplaySSM flags (keep them off),
-``fold_dtype`` with GDN, ``fold_dtype`` with the envelope layout.
+``fold_dtype`` with the envelope layout.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -88,7 +92,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 ACT_DTYPE = torch.bfloat16
 
 MAMBA2_FIELDS = ("x_buffer", "B_buffer", "dt_buffer", "checkpoint_fold")
-GDN_FIELDS = ("k_buffer", "u_buffer", "g_buffer")
+GDN_FIELDS = ("k_buffer", "u_buffer", "g_buffer", "v_buffer", "beta_buffer")
 REPLAY_FIELDS = MAMBA2_FIELDS + GDN_FIELDS
 
 
@@ -127,6 +131,11 @@ def _buffer_specs(family: str, cache_params, config: ReplayConfig, cap: int,
                   checkpoint_dtype: torch.dtype) -> Dict[str, Tuple[tuple, torch.dtype]]:
     """Per-slot, per-layer shape and dtype of every replay field."""
     heads, head_dim, state_size, groups = replay_dims(cache_params)
+    if config.fold_dtype is not None and checkpoint_dtype == torch.float32:
+        raise ValueError(
+            "--replayssm-fold-dtype float32 needs a lower-precision --replayssm-checkpoint-dtype "
+            f"(the checkpoint resolves to float32 from {config.checkpoint_dtype!r}: the two "
+            "copies would be identical)")
     if family == "mamba2":
         specs = {
             "x_buffer": ((heads, cap, head_dim), ACT_DTYPE),
@@ -136,15 +145,18 @@ def _buffer_specs(family: str, cache_params, config: ReplayConfig, cap: int,
         if config.fold_dtype is not None:
             specs["checkpoint_fold"] = ((heads, head_dim, state_size), _DTYPES[config.fold_dtype])
         return specs
-    if config.fold_dtype is not None:
-        raise ValueError("--replayssm-fold-dtype is not supported for GDN (no fold copy "
-                         "in the GDN kernels)")
     ku = torch.float32 if checkpoint_dtype == torch.float32 else torch.bfloat16
-    return {
-        "k_buffer": ((groups, cap, state_size), ku),
+    fold = config.fold_dtype is not None
+    specs = {
+        "k_buffer": ((groups, cap, state_size), torch.float32 if fold else ku),
         "u_buffer": ((heads, cap, head_dim), ku),
         "g_buffer": ((heads, cap), torch.float32),
     }
+    if fold:
+        specs["checkpoint_fold"] = ((heads, head_dim, state_size), _DTYPES[config.fold_dtype])
+        specs["v_buffer"] = ((heads, cap, head_dim), ACT_DTYPE)
+        specs["beta_buffer"] = ((heads, cap), torch.float32)
+    return specs
 
 
 def _checkpoint_dtype(config: ReplayConfig, cache_params) -> torch.dtype:
@@ -159,6 +171,7 @@ class ReplayMambaPool(MambaPool):
     # Bound by with_config(); None = ReplayConfig.from_env() / detect_family().
     replay_config: Optional[ReplayConfig] = None
     replay_family: Optional[str] = None
+    _scan_on_fold_copy = False  # see fold_copy_as_state
 
     @dataclass(frozen=True, kw_only=True)
     class State(MambaPool.State):
@@ -169,6 +182,8 @@ class ReplayMambaPool(MambaPool):
         k_buffer: Optional[torch.Tensor] = None
         u_buffer: Optional[torch.Tensor] = None
         g_buffer: Optional[torch.Tensor] = None
+        v_buffer: Optional[torch.Tensor] = None
+        beta_buffer: Optional[torch.Tensor] = None
 
     # isinstance(..., MambaPool.SpeculativeState) stays true (stock code checks it).
     @dataclass(frozen=True, kw_only=True)
@@ -273,6 +288,27 @@ class ReplayMambaPool(MambaPool):
         self.mamba_cache = dataclasses.replace(self.mamba_cache, **extra)
         self.replay_fields = tuple(extra)
         self.mem_usage = self._mem_usage_bytes() / GB
+
+    def mamba2_layer_cache(self, layer_id: int):
+        cache = super().mamba2_layer_cache(layer_id)
+        if self._scan_on_fold_copy:
+            cache = dataclasses.replace(cache, temporal=cache.checkpoint_fold)
+        return cache
+
+    @contextmanager
+    def fold_copy_as_state(self):
+        """While active, ``mamba2_layer_cache`` hands out the fold copy as the
+        layer's ``temporal``: a stock prefill scan (which fetches the cache
+        itself) then starts from and writes the precise copy. No-op without a
+        fold copy. The caller copies the result into the read copy."""
+        if self.mamba_cache.checkpoint_fold is None:
+            yield
+            return
+        self._scan_on_fold_copy = True
+        try:
+            yield
+        finally:
+            self._scan_on_fold_copy = False
 
     # -- sizes --
     def replay_tensors(self) -> Dict[str, torch.Tensor]:

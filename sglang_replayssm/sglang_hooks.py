@@ -77,7 +77,7 @@ def add_replayssm_args(parser: argparse.ArgumentParser) -> None:
         choices=("none", "float32"),
         default="none",
         help="float32: keep a precise checkpoint copy the flush folds into "
-        "(dual precision; Mamba-2 only).",
+        "(dual precision: the read copy's rounding never enters the recurrence).",
     )
     group.add_argument(
         "--replayssm-decode-route",

@@ -401,6 +401,29 @@ def test_gdn_backend_protocol(monkeypatch, gdn_stock_bodies, route):
 
 
 @pytest.mark.parametrize("route", ["auto", "split"])
+def test_gdn_backend_protocol_fold_copy(monkeypatch, gdn_stock_bodies, route):
+    """bf16 read copy + fp32 fold copy through the whole scenario (mixed
+    batches, chunked prefill, retraction, copy_from, reuse): the prefill scan
+    runs on the fold copy, flushes recompute u from it, so wherever a row is
+    flushed the fold copy is the float64 state to fp32 accuracy."""
+    cfg = ReplayConfig(buffer_len=L, checkpoint_dtype="bfloat16", fold_dtype="float32",
+                       decode_route=route)
+    h = Harness(monkeypatch, "gdn", cfg, seed=3)
+    monkeypatch.setitem(TOL, "rtol", 3e-2)
+    monkeypatch.setitem(TOL, "atol", 3e-2)
+    scenario(h)
+    c = h.pool.mamba_cache
+    checked = 0
+    for lid_i, lid in enumerate(LAYERS):
+        for rid in h.reqs:
+            if h.fill(rid) == 0:
+                torch.testing.assert_close(c.checkpoint_fold[lid_i, h.slot(rid)].double(),
+                                           h.truth.h[(rid, lid)][0], rtol=1e-4, atol=1e-5)
+                checked += 1
+    assert checked
+
+
+@pytest.mark.parametrize("route", ["auto", "split"])
 def test_gdn_decode_through_the_stock_body(monkeypatch, route):
     """GDNAttnBackend.forward_decode as shipped (causal conv update, then the
     kernel dispatcher's packed decode) with ReplaySSM answering the packed

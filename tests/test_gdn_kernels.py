@@ -23,6 +23,7 @@ from sglang_replayssm.reference import gdn_prepare_ref, gdn_step_ref
 
 F32, BF16 = torch.float32, torch.bfloat16
 TOL = {F32: 1e-5, BF16: 2e-2}
+FOLD_TOL = 1e-5  # the fp32 fold copy vs float64, however coarse the read copy
 
 
 def split(**knobs):
@@ -48,16 +49,24 @@ class Pool:
     """A GDN layer's pool (checkpoint, rings, cursors) plus its float64 twin."""
 
     def __init__(self, device, *, H=2, ratio=2, K=16, V=32, S=6, L=4, T=1, state=F32,
-                 ring=F32, seed=0, route="fused"):
+                 ring=F32, seed=0, route="fused", fold=False, kring=None):
         self.dev, self.H, self.HV, self.K, self.V, self.S, self.L, self.T = \
             device, H, H * ratio, K, V, S, L, T
         self.route, self.config = ROUTES[route]  # decode's
         self.gen = torch.Generator().manual_seed(seed)
         self.cap = cur.required_capacity(L, T)
         self.ckpt = (self.randn(S, self.HV, V, K) * 0.3).to(state).to(device)
-        self.ref = self.ckpt.double().cpu()
         nan = float("nan")  # unwritten ring entries: reading one must show
-        self.kb = torch.full((S, H, self.cap, K), nan, dtype=ring, device=device)
+        # dual precision: an fp32 fold copy, the checkpoint its rounded copy,
+        # and the raw-input rings (v in the activation dtype, beta fp32)
+        self.fold = self.vb = self.bb = None
+        if fold:
+            self.fold = (self.randn(S, self.HV, V, K) * 0.3).to(device)
+            self.ckpt = self.fold.to(state)
+            self.vb = torch.full((S, self.HV, self.cap, V), nan, dtype=ring, device=device)
+            self.bb = torch.full((S, self.HV, self.cap), nan, dtype=F32, device=device)
+        self.ref = (self.fold if fold else self.ckpt).double().cpu()
+        self.kb = torch.full((S, H, self.cap, K), nan, dtype=kring or ring, device=device)
         self.ub = torch.full((S, self.HV, self.cap, V), nan, dtype=ring, device=device)
         self.gb = torch.full((S, self.HV, self.cap), nan, dtype=F32, device=device)
         self.fill = torch.zeros(S, dtype=torch.int32, device=device)
@@ -88,10 +97,23 @@ class Pool:
     def pool_args(self):
         return (self.ckpt, self.kb, self.ub, self.gb, self.fill, self.origin)
 
+    def fold_kw(self):
+        return {} if self.fold is None else dict(checkpoint_fold=self.fold, v_buffer=self.vb,
+                                                 beta_buffer=self.bb)
+
     def decode(self, slots, qkv, a, b, **kw):
         return gdn_replay_decode(*self.pool_args(), slots, qkv, a, b, self.A_log, self.dt_bias,
                                  self.scale, buffer_len=self.L, num_k_heads=self.H,
-                                 route=self.route, config=self.config, **kw)
+                                 route=self.route, config=self.config, **self.fold_kw(), **kw)
+
+    def check_flushed(self, s):
+        """After a flush of slot s: the checkpoint (or, dual precision, the fold
+        copy, at fp32 accuracy, and the checkpoint as its rounded copy)."""
+        if self.fold is None:
+            assert self.rel(self.ckpt[s], self.ref[s]) < self.tol
+            return
+        assert self.rel(self.fold[s], self.ref[s]) < FOLD_TOL
+        assert self.rel(self.ckpt[s], self.fold[s].double().cpu()) < 2 ** -7
 
     def rel(self, got, ref):
         return float((got.double().cpu() - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
@@ -116,7 +138,7 @@ def decode_steps(pool, slots, steps, check=True):
                 assert pool.rel(y[r], o) < pool.tol
             if fill0[s] + 1 >= pool.L:
                 flushes += 1
-                assert pool.rel(pool.ckpt[s], pool.ref[s]) < pool.tol
+                pool.check_flushed(s)
     return flushes
 
 
@@ -286,6 +308,108 @@ def test_split_matches_fused_over_two_cycles(device, knobs):
                 x, y = getattr(pools[0], n)[s][:, live], getattr(pools[1], n)[s][:, live]
                 assert not live or rel(y, x) <= tol, f"step {step}: {n} of slot {s}"
     assert int((pools[0].fill[slots] == 0).sum()) >= 1
+
+
+# Dual precision: bf16 read copy + fp32 fold copy; k in fp32 (the fold needs
+# the normalised keys exactly), u in bf16 (read by the outputs only)
+FOLD_ROUTES = ["fused", "split", "split_halves_chunks"]
+
+
+@pytest.mark.parametrize("route", FOLD_ROUTES)
+def test_fold_copy_keeps_the_recurrence_at_fp32(device, route):
+    """Outputs read the bf16 copy (bf16 accuracy); every flush recomputes the
+    corrected values from the fp32 copy and the raw v/beta rings, so the fold
+    copy stays at fp32 accuracy over >= 3 flushes per row while the bf16
+    copy alone is ~1e-3 off (which the 1e-5 check would catch if the fold
+    used the read copy's u), and padded / free slots stay untouched."""
+    pool = Pool(device, state=BF16, ring=BF16, kring=F32, L=4, seed=12, route=route, fold=True)
+    snap = [t[[0, 2]].clone() for t in (pool.fold, pool.vb, pool.bb)]
+    decode_steps(pool, torch.tensor([3], dtype=torch.int32, device=device), 1)  # stagger
+    slots = torch.tensor([3, -1, 1, 5], dtype=torch.int32, device=device)
+    assert decode_steps(pool, slots, 12) >= 3 * 3
+    gdn_replay_flush(*pool.pool_args(), slots, buffer_len=pool.L, num_k_heads=pool.H,
+                     **pool.fold_kw())
+    commit(pool.fill, pool.origin, slots, mode=MODE_FLUSH, buffer_len=pool.L, capacity=pool.cap)
+    live = (3, 1, 5)
+    assert max(pool.rel(pool.fold[s], pool.ref[s]) for s in live) < FOLD_TOL
+    assert min(pool.rel(pool.ckpt[s], pool.ref[s]) for s in live) > 1e-4  # bf16 rounding
+    for a, t in zip(snap, (pool.fold, pool.vb, pool.bb)):
+        b = t[[0, 2]]
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def test_fold_copy_through_verify_and_flush(device):
+    """Chain verify with random acceptance and flush-only passes on a dual
+    precision pool: the verify pre-flush and MODE_FLUSH recompute u too."""
+    T, L = 2, 5
+    pool = Pool(device, state=BF16, ring=BF16, kring=F32, L=L, T=T, seed=13, fold=True)
+    slots = torch.tensor([4, 1], dtype=torch.int32, device=device)
+    gen = torch.Generator().manual_seed(14)
+    flushes = 0
+    for _ in range(12):
+        qkv, a, b = pool.inputs(2, T)
+        fill0 = pool.fill.cpu().clone()
+        y = gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
+                              pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True,
+                              **pool.fold_kw())
+        acc = torch.randint(1, T + 1, (2,), generator=gen, dtype=torch.int32)
+        for r, s in enumerate(slots.tolist()):
+            if fill0[s] + T >= L:
+                flushes += 1
+                pool.check_flushed(s)
+            state = pool.ref[s].clone()
+            for j in range(T):
+                saved, pool.ref[s] = pool.ref[s], state
+                o, state = pool.eager(s, qkv[r, j], a[r, j], b[r, j])
+                pool.ref[s] = saved
+                assert pool.rel(y[r, j], o) < pool.tol
+                if j + 1 == int(acc[r]):
+                    accepted = state.clone()
+            pool.ref[s] = accepted
+        commit(pool.fill, pool.origin, slots, mode=MODE_VERIFY, buffer_len=L, capacity=pool.cap,
+               window=T, accepted=acc.to(device), validate=True)
+    assert flushes >= 4
+    decode_steps(pool, slots, 2)
+    gdn_replay_flush(*pool.pool_args(), slots, buffer_len=L, num_k_heads=pool.H, **pool.fold_kw())
+    commit(pool.fill, pool.origin, slots, mode=MODE_FLUSH, buffer_len=L, capacity=pool.cap)
+    for s in (4, 1):
+        assert int(pool.fill[s]) == 0
+        pool.check_flushed(s)
+
+
+@pytest.mark.parametrize("route", ["fused", "split"])
+@pytest.mark.parametrize("target", ["v", "beta"])
+def test_corrupted_raw_ring_entry_is_caught(device, route, target):
+    """Teeth: the raw rings feed only the fold copy, so a corrupted v or beta
+    entry leaves the outputs alone and must show at the next flush."""
+    pool = Pool(device, state=BF16, ring=BF16, kring=F32, L=4, seed=15, route=route, fold=True)
+    slots = torch.tensor([1], dtype=torch.int32, device=device)
+    decode_steps(pool, slots, 2)
+    if target == "v":
+        pool.vb[1, 0, 1] += 1.0
+    else:
+        pool.bb[1, 0, 1] *= 0.5
+    with pytest.raises(AssertionError):
+        decode_steps(pool, slots, 2)  # the second step flushes
+
+
+def test_fold_copy_bad_input_is_rejected(device):
+    pool = Pool(device, state=BF16, ring=BF16, kring=F32, L=4, fold=True)
+    slots = torch.tensor([1], dtype=torch.int32, device=device)
+    qkv, a, b = pool.inputs(1)
+    with pytest.raises(ValueError, match="go together"):
+        gdn_replay_decode(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
+                          pool.scale, buffer_len=4, num_k_heads=pool.H,
+                          checkpoint_fold=pool.fold, v_buffer=pool.vb)
+    with pytest.raises(ValueError, match="checkpoint_fold must be float32"):
+        gdn_replay_decode(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
+                          pool.scale, buffer_len=4, num_k_heads=pool.H,
+                          checkpoint_fold=pool.fold.to(BF16), v_buffer=pool.vb,
+                          beta_buffer=pool.bb)
+    with pytest.raises(ValueError, match="fold_dot=False"):
+        gdn_replay_decode(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
+                          pool.scale, buffer_len=4, num_k_heads=pool.H, route="split",
+                          config=split(fold_dot=False), **pool.fold_kw())
 
 
 def test_bad_input_is_rejected(device):

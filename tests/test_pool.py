@@ -72,10 +72,14 @@ def mamba2_fields(fold):
     return f
 
 
-def gdn_fields(ku):
+def gdn_fields(ku, fold=False):
     Hk, K, HV, V = GDN["Hk"], GDN["K"], GDN["HV"], GDN["V"]
-    return {"k_buffer": ((Hk, CAP, K), ku), "u_buffer": ((HV, CAP, V), ku),
-            "g_buffer": ((HV, CAP), torch.float32)}
+    f = {"k_buffer": ((Hk, CAP, K), torch.float32 if fold else ku),
+         "u_buffer": ((HV, CAP, V), ku), "g_buffer": ((HV, CAP), torch.float32)}
+    if fold:  # the precise copy and the raw inputs its flushes recompute u from
+        f.update(checkpoint_fold=((HV, V, K), torch.float32),
+                 v_buffer=((HV, CAP, V), torch.bfloat16), beta_buffer=((HV, CAP), torch.float32))
+    return f
 
 
 CASES = {
@@ -90,6 +94,9 @@ CASES = {
                  gdn_fields(torch.float32)),
     "gdn_bf16": (gdn_params, ReplayConfig(buffer_len=L, checkpoint_dtype="bfloat16"), "gdn",
                  torch.bfloat16, gdn_fields(torch.bfloat16)),
+    "gdn_bf16_fold": (gdn_params, ReplayConfig(buffer_len=L, checkpoint_dtype="bfloat16",
+                                               fold_dtype="float32"),
+                      "gdn", torch.bfloat16, gdn_fields(torch.bfloat16, fold=True)),
 }
 
 
@@ -126,7 +133,7 @@ def test_shapes_and_dtypes(case):
         assert st.temporal.shape == (SLOTS + 1, *temporal_shape) and st.temporal.dtype == case.tdt
         assert st.conv[0].shape == (SLOTS + 1, 96, 3) and st.conv[0].dtype == torch.bfloat16
         for name in ("x_buffer", "B_buffer", "dt_buffer", "checkpoint_fold",
-                     "k_buffer", "u_buffer", "g_buffer"):
+                     "k_buffer", "u_buffer", "g_buffer", "v_buffer", "beta_buffer"):
             t = getattr(st, name)
             if name not in case.fields:
                 assert t is None
@@ -289,9 +296,24 @@ def test_rejections(monkeypatch):
             device="cpu", enable_memory_saver=False, cache_params=gdn_params(),
             mamba_layer_ids=LAYERS, enable_mamba_extra_buffer=False,
             enable_overlap_schedule=False, enable_linear_replayssm=True)
-    with pytest.raises(ValueError, match="GDN"):
-        build(monkeypatch, gdn_params(),
-              ReplayConfig(buffer_len=L, checkpoint_dtype="bfloat16", fold_dtype="float32"))
+    with pytest.raises(ValueError, match="needs a lower-precision"):
+        build(monkeypatch, gdn_params(), ReplayConfig(buffer_len=L, fold_dtype="float32"))
+
+
+def test_fold_copy_as_state(case):
+    """Stock prefill scans fetch the layer cache themselves: inside
+    fold_copy_as_state they get the fold copy as temporal (no-op without one)."""
+    pool, r2t = case.pool, case.r2t
+    layer = LAYERS[0]
+    plain = r2t.mamba2_layer_cache(layer)
+    with pool.fold_copy_as_state():
+        scan = r2t.mamba2_layer_cache(layer)
+    if "checkpoint_fold" in case.fields:
+        assert scan.temporal.data_ptr() == plain.checkpoint_fold.data_ptr()
+        assert scan.temporal.dtype == torch.float32 != plain.temporal.dtype
+    else:
+        assert scan.temporal.data_ptr() == plain.temporal.data_ptr()
+    assert r2t.mamba2_layer_cache(layer).temporal.data_ptr() == plain.temporal.data_ptr()
 
 
 def test_family_override_env(monkeypatch):
