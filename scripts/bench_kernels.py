@@ -98,6 +98,10 @@ def parse():
     ap.add_argument("--k-buffer-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="gdn: dtype of our (L2-normalised) key ring (auto: as the u ring; a "
                          "bf16 key ring costs fp32 parity ~1e-3, measured in the CPU dry run)")
+    ap.add_argument("--gdn-fold-copy", action="store_true",
+                    help="gdn: with a non-fp32 state, ReplaySSM arms also keep the fp32 fold "
+                         "copy (dual precision: raw v/beta rings, fp32 key ring, u recomputed "
+                         "at every flush); the comparators are unchanged")
     ap.add_argument("--slots", type=int, default=512, help="pool slots (>= largest batch)")
     ap.add_argument("--sweep", action="store_true",
                     help="first sweep launch configs (block, num_warps) at batch 256")
@@ -191,13 +195,15 @@ def copy_bandwidth():
 
 def bytes_moved(traffic, b, L, replay):
     """traffic = (state bytes, bytes of one buffer entry per row, input/output
-    bytes) of a step. Stock: state read + written. ReplaySSM: state read every
-    step, written every L-th; on average (L-1)/2 entries read and (L-1)/L written."""
-    state, entry, io = traffic
+    bytes[, flush extra]) of a step. Stock: state read + written. ReplaySSM:
+    state read every step, written every L-th; on average (L-1)/2 entries read
+    and (L-1)/L written; flush extra (a fold copy read and written) every L-th."""
+    state, entry, io, *flush_extra = traffic
     if not replay:
         return 2 * state + io
     mean_fill = (L - 1) / 2
-    return state * (1 + 1 / L) + b * entry * (mean_fill + (L - 1) / L) + io
+    return (state * (1 + 1 / L) + b * entry * (mean_fill + (L - 1) / L) + io
+            + sum(flush_extra) / L)
 
 
 def fmt(v, spec=".1f"):
@@ -531,18 +537,29 @@ class GDN(Family):
     def k_dtype(self, sdt_t):
         if self.args.k_buffer_dtype != "auto":
             return DTYPES[self.args.k_buffer_dtype]
+        if self.fold_copy(sdt_t):
+            return torch.float32  # the fold needs the normalised keys unrounded
         return self.u_dtype(sdt_t)
+
+    def fold_copy(self, sdt_t):
+        return self.args.gdn_fold_copy and sdt_t != torch.float32
 
     def replay_pool(self, shape, L, sdt_t):
         H, HV, K, V, _ = self.shapes[shape]
         S, dev = self.S, self.dev
         cap = self.required_capacity(L, 1)
-        return dict(
+        pool = dict(
             k_buffer=torch.zeros(S, H, cap, K, dtype=self.k_dtype(sdt_t), device=dev),
             u_buffer=torch.zeros(S, HV, cap, V, dtype=self.u_dtype(sdt_t), device=dev),
             g_buffer=torch.zeros(S, HV, cap, dtype=torch.float32, device=dev),
             fill=torch.zeros(S, dtype=torch.int32, device=dev),
             origin=torch.zeros(S, dtype=torch.int32, device=dev), cap=cap)
+        if self.fold_copy(sdt_t):
+            pool["fold"] = dict(
+                checkpoint_fold=torch.zeros(S, HV, V, K, dtype=torch.float32, device=dev),
+                v_buffer=torch.zeros(S, HV, cap, V, dtype=torch.bfloat16, device=dev),
+                beta_buffer=torch.zeros(S, HV, cap, dtype=torch.float32, device=dev))
+        return pool
 
     def replay_fns(self, shape, state, pool, c, idx, out, L, route, cfg=None):
         cfg = self.route_config(cfg, route, shape, state.dtype, idx.shape[0])
@@ -553,7 +570,7 @@ class GDN(Family):
                 state, pool["k_buffer"], pool["u_buffer"], pool["g_buffer"], pool["fill"],
                 pool["origin"], idx, c["mixed_qkv"], c["a"], c["b"], c["A_log"], c["dt_bias"],
                 c["scale"], buffer_len=L, num_k_heads=c["H"], out=out3, route=route,
-                config=cfg)
+                config=cfg, **pool.get("fold", {}))
 
         def cmt():
             self.commit(pool["fill"], pool["origin"], idx, mode=self.MODE_DECODE, buffer_len=L,
@@ -572,11 +589,16 @@ class GDN(Family):
             u_ring = pool["u_buffer"] if "u_buffer" in pool else pool["d"]
             # k shared per k-head, u per v-head, g fp32 per v-head
             entry = H * K * k_ring.element_size() + HV * V * u_ring.element_size() + HV * 4
+            if "fold" in pool:  # raw v (bf16) and beta (fp32) per v-head; the fp32
+                # fold copy read and written by every flush
+                entry += HV * V * 2 + HV * 4
+                return state, entry, io, 2 * b * HV * V * K * 4
         return state, entry, io
 
     def row_extra(self, pool):
         return dict(u_buffer_dtype=str(pool["u_buffer"].dtype).replace("torch.", ""),
-                    k_buffer_dtype=str(pool["k_buffer"].dtype).replace("torch.", ""))
+                    k_buffer_dtype=str(pool["k_buffer"].dtype).replace("torch.", ""),
+                    fold_copy="float32" if "fold" in pool else None)
 
     # ---- SGLang's own ReplaySSM decode ----
 
