@@ -281,11 +281,12 @@ def compare_parity(stock: dict, replay: dict, *, model: str, checkpoint_dtype: s
     positions before each prompt's divergence."""
     s_out, r_out = stock["outputs"], replay["outputs"]
     assert stock["prompts"] == replay["prompts"], "the two dumps used different prompts"
-    identical, first, max_diff = 0, None, 0.0
+    identical, first, max_diff, agree = 0, None, 0.0, []
     for p, (a, b) in enumerate(zip(s_out, r_out)):
         n = min(len(a["ids"]), len(b["ids"]))
         j = next((k for k in range(n) if a["ids"][k] != b["ids"][k]), None)
         same_upto = n if j is None else j
+        agree.append(same_upto)
         for k in range(same_upto):
             max_diff = max(max_diff, abs(a["logprobs"][k] - b["logprobs"][k]))
         if j is None and len(a["ids"]) == len(b["ids"]):
@@ -302,6 +303,8 @@ def compare_parity(stock: dict, replay: dict, *, model: str, checkpoint_dtype: s
     entry = {"model": model, "checkpoint_dtype": checkpoint_dtype, "prompts": len(s_out),
              "tokens": max((len(o["ids"]) for o in s_out), default=0),
              "identical_prompts": identical, "first_divergence": first,
+             # tokens greedy agrees for before a prompt diverges (all of them if it never does)
+             "median_agreeing_tokens": statistics.median(agree) if agree else None,
              "max_logprob_diff_before_divergence": max_diff,
              "stock_logprob_spread": spread, "informative": spread >= FLAT_LOGPROB_SPREAD}
     if not entry["informative"]:
@@ -744,8 +747,9 @@ def markdown(doc: dict) -> str:
                   "itself at another batch composition: the divergence a different fp32 "
                   "rounding order alone causes on this model.", "",
                   "| model | arm | checkpoint dtype | vs | dummy init | prompts x tokens | "
-                  "identical | first divergence | max logprob diff before it | informative |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "identical | median tokens before divergence | first divergence | "
+                  "max logprob diff before it | informative |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in doc["greedy_parity"]:
             fd = p["first_divergence"]
             fd_text = "none" if fd is None else (
@@ -755,7 +759,8 @@ def markdown(doc: dict) -> str:
             lines.append(f"| {p['model']} | {arm} | {p['checkpoint_dtype'] or '–'} | "
                          f"{p['stock_arm']} | "
                          f"{p.get('dummy_init', 'sglang')} | {p['prompts']} x {p['tokens']} | "
-                         f"{p['identical_prompts']} | {fd_text} | "
+                         f"{p['identical_prompts']} | {_fmt(p.get('median_agreeing_tokens'))} | "
+                         f"{fd_text} | "
                          f"{_fmt(p.get('max_logprob_diff_before_divergence'), 4)} | "
                          f"{'yes' if p.get('informative', True) else 'no'} |")
         lines.append("")

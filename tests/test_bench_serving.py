@@ -311,6 +311,7 @@ def test_merge_parity_compares_an_arm_with_itself_in_smaller_batches():
     assert e["noise_floor"] and e["stock_arm"] == "stock-triton batched"
     assert e["identical_prompts"] == 1
     assert e["first_divergence"] == {"prompt": 1, "position": 2, "logprob_gap": pytest.approx(0.05)}
+    assert e["median_agreeing_tokens"] == 3  # agreeing runs 4, 2, 3
     assert not by_arm["replayssm"]["noise_floor"]
 
 
