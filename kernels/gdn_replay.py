@@ -69,7 +69,7 @@ __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "ROUTES
 ROUTES = ("output_only", "split")
 SPLIT_ROUTES = ("split",)
 # "auto" takes the split route from this decode batch on (see default_route)
-SPLIT_MIN_BATCH = 64
+SPLIT_MIN_BATCH = 8
 
 
 @triton.jit
@@ -396,14 +396,15 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
 
 
 def default_route(batch: int, state_dtype: torch.dtype, mode: int = MODE_DECODE) -> str:
-    """The route "auto" means, from measurement on the H200 (GDN (Qwen3-Next shape), L=16,
-    amortised over the buffer cycle, benchmarks/results/kernels_gdn_split.md; fused
-    output_only vs split: fp32 5.9 vs 10.7 us at batch 1, 86.6 vs 64.4 at 64, 313.9 vs 216.2
-    at 256; bf16 6.6 vs 10.6, 89.1 vs 50.6, 310.3 vs 162.1).
-    The split route's three launches cost a few microseconds more than one
-    fused launch at small batch and win once the checkpoint read dominates;
-    batches between 1 and 64 are not measured yet, so they keep the fused
-    kernel. Verify and flush exist only in the fused kernel."""
+    """The route "auto" means, from measurement on the H200 (GDN, Qwen3-Next shape, L=16,
+    amortised over the buffer cycle, benchmarks/results/kernels_gdn_routes.md; fused
+    output_only vs split, us: fp32 5.8 vs 10.6 at batch 1, 18.0 vs 17.3 at 8, 32.0 vs
+    24.0 at 16, 99.4 vs 66.0 at 64, 320.9 vs 218.6 at 256; bf16 6.4 vs 10.8, 19.8 vs
+    15.0, 36.3 vs 19.7, 88.9 vs 50.2, 308.1 vs 161.2; with a fold copy
+    (kernels_gdn_fold.md) 7.8 vs 11.5, 25.9 vs 22.1, 137.3 vs 73.9, 491.9 vs 237.6).
+    The split route's three launches cost ~5 us more than one fused launch at
+    batch 1 and win from batch 8 on, once the checkpoint read dominates.
+    Verify and flush exist only in the fused kernel."""
     if mode != MODE_DECODE or batch < SPLIT_MIN_BATCH:
         return "output_only"
     return "split"

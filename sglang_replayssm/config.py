@@ -17,7 +17,7 @@ ENV_PREFIX = "SGLANG_REPLAYSSM_"
 FAMILY_ENV = ENV_PREFIX + "FAMILY"
 CHECKPOINT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 FOLD_DTYPES = (None, "float32")
-# auto: the kernels' default_route(batch) (measured: fused below batch 64, split from it)
+# auto: the kernels' default_route(batch) (measured: split from batch 64 (Mamba-2) / 8 (GDN))
 DECODE_ROUTES = ("auto", "output_only", "split")
 
 
