@@ -453,7 +453,9 @@ class GDN(Family):
     dry_shapes = {"dry-gdn": (2, 4, 32, 32, 4)}
     stock_backends = ("triton",)
     default_routes = "auto"
-    sweep_grid = ((64, 2), (64, 4), (32, 2), (32, 4), (16, 4))
+    # 128 = a whole V head per program: twice the bytes in flight per program
+    # for the split route's bf16 projection (A), which streams below copy rate
+    sweep_grid = ((128, 4), (128, 8), (64, 2), (64, 4), (32, 2), (32, 4), (16, 4))
     block_key = "block_v"
     extra_arm_names = ("sglang_replay", "sglang_replay_with_cursor")
     parity_text = ("Parity vs stock triton packed decode (fp32 state, fp32 out, L+1 steps "
