@@ -268,6 +268,10 @@ def test_exact_byte_numbers():
     gdn = gdn_params()
     # k 2*6*16*4 + u 4*6*8*4 + g 4*6*4 = 768 + 768 + 96
     assert ReplayMambaPool.extra_bytes_per_slot(gdn, ReplayConfig(buffer_len=L)) == 2 * 1632 + 8
+    # dual precision: k fp32 768 + u bf16 4*6*8*2 = 384 + g 96 + fold copy 4*8*16*4 = 2048
+    # + raw v bf16 384 + beta 4*6*4 = 96, checkpoint fp32 -> bf16 -1024
+    cfg = ReplayConfig(buffer_len=L, checkpoint_dtype="bfloat16", fold_dtype="float32")
+    assert ReplayMambaPool.extra_bytes_per_slot(gdn, cfg, family="gdn") == 2 * 2752 + 8
 
 
 def test_config_from_env(monkeypatch):
