@@ -352,6 +352,143 @@ def _kc_flush(device):
                   f"outputs around it {err:.1e} (max rel err)"), max(err, serr)
 
 
+class _GDNPool:
+    """A small Gated DeltaNet ReplaySSM pool plus its float64 eager state:
+    1 k-head, 2 v-heads (GVA 2), K = V = 16, 3 slots, rows [2, -1, 0].
+    fold=True: a bf16 read copy and an fp32 fold copy (dual precision)."""
+
+    H, HV, K, V = 1, 2, 16, 16
+
+    def __init__(self, device, buffer_len, window=1, seed=0, fold=False):
+        import torch
+
+        from .kernels.cursors import required_capacity
+
+        self.torch, self.dev, self.L = torch, device, buffer_len
+        self.cap = required_capacity(buffer_len, window)
+        self.gen = torch.Generator().manual_seed(seed)
+        H, HV, K, V, S = self.H, self.HV, self.K, self.V, 3
+        self.slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
+        self.live = self.slots >= 0
+        self.live_slots = self.slots[self.live].long()
+        h0 = self._randn(S, HV, V, K) * 0.3
+        self.state = h0.double().clone()                  # eager float64 reference state
+        self.fold = h0.clone() if fold else None
+        self.ckpt = h0.to(torch.bfloat16) if fold else h0
+        self.kb = torch.zeros(S, H, self.cap, K, device=device)
+        self.ub = torch.zeros(S, HV, self.cap, V, device=device)
+        self.gb = torch.zeros(S, HV, self.cap, device=device)
+        self.vb = torch.zeros(S, HV, self.cap, V, device=device) if fold else None
+        self.bb = torch.zeros(S, HV, self.cap, device=device) if fold else None
+        self.fill = torch.zeros(S, dtype=torch.int32, device=device)
+        self.origin = torch.zeros(S, dtype=torch.int32, device=device)
+        self.A_log = self._randn(HV) * 0.5
+        self.dt_bias = self._randn(HV)
+        self.pad_before = self.ckpt[1].clone()
+
+    def _randn(self, *shape):
+        return self.torch.randn(*shape, generator=self.gen).to(self.dev)
+
+    def inputs(self, T=None):
+        b = self.slots.shape[0]
+        w = () if T is None else (T,)
+        dim = 2 * self.H * self.K + self.HV * self.V
+        return dict(qkv=self._randn(b, *w, dim), a=self._randn(b, *w, self.HV),
+                    b=self._randn(b, *w, self.HV))
+
+    def pool(self):
+        return (self.ckpt, self.kb, self.ub, self.gb, self.fill, self.origin, self.slots)
+
+    def kw(self):
+        kw = dict(buffer_len=self.L, num_k_heads=self.H, validate=True)
+        if self.fold is not None:
+            kw.update(checkpoint_fold=self.fold, v_buffer=self.vb, beta_buffer=self.bb)
+        return kw
+
+    def args(self, inp, j=None):
+        pick = (lambda t: t) if j is None else (lambda t: t[:, j])
+        return (pick(inp["qkv"]), pick(inp["a"]), pick(inp["b"]), self.A_log, self.dt_bias,
+                self.K ** -0.5)
+
+    def ref_step(self, state, inp, j=None):
+        from .reference import gdn_prepare_ref, gdn_step_ref
+        qkv, a, b, A_log, dt_bias, scale = self.args(inp, j)
+        r = gdn_prepare_ref(qkv.cpu(), a.cpu(), b.cpu(), A_log.cpu(), dt_bias.cpu(), self.H,
+                            self.HV, self.K, self.V, scale)
+        return gdn_step_ref(state, r["q"], r["k"], r["v"], r["g"], r["beta"],
+                            state_batch_indices=self.slots.cpu())
+
+    def rel(self, y, y_ref):
+        live = self.live.cpu()
+        y, r = y.double().cpu()[live], y_ref[live]
+        return (y - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+
+    def state_rel(self):
+        """The recurrence's copy (the fold copy with dual precision) vs float64."""
+        c = (self.fold if self.fold is not None else self.ckpt)[self.live_slots].double().cpu()
+        r = self.state[self.live_slots.cpu()]
+        return (c - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+
+    def padded_untouched(self) -> bool:
+        return bool(self.torch.equal(self.pad_before, self.ckpt[1]))
+
+
+def _kc_gdn_decode(device, route, fold=False):
+    from .kernels.cursors import MODE_DECODE, commit
+    from .kernels.gdn_replay import gdn_replay_decode
+    p = _GDNPool(device, buffer_len=4, seed=5, fold=fold)
+    steps = 2 * p.L
+    err = 0.0
+    for _ in range(steps):
+        inp = p.inputs()
+        y = gdn_replay_decode(*p.pool(), *p.args(inp), route=route, **p.kw())
+        commit(p.fill, p.origin, p.slots, mode=MODE_DECODE, buffer_len=p.L, capacity=p.cap)
+        err = max(err, p.rel(y, p.ref_step(p.state, inp)))
+    serr = p.state_rel()
+    if not p.padded_untouched():
+        return FAIL, "the padded row's slot was modified", max(err, serr)
+    if fold:
+        # outputs read the bf16 copy; the recurrence lives in the fp32 fold copy
+        status = FAIL if err > 2e-2 else None
+        return status, (f"fold copy {serr:.1e} (max rel err after {steps} steps = 2 buffer "
+                        f"cycles), outputs from the bf16 copy {err:.1e}"), serr
+    return None, (f"outputs {err:.1e}, checkpoint {serr:.1e} (max rel err over {steps} steps "
+                  f"= 2 buffer cycles of {p.L})"), max(err, serr)
+
+
+def _kc_gdn_verify_flush(device):
+    import torch
+
+    from .kernels.cursors import MODE_FLUSH, MODE_VERIFY, commit
+    from .kernels.gdn_replay import gdn_replay_flush, gdn_replay_verify
+    T = 2
+    p = _GDNPool(device, buffer_len=5, window=T, seed=6)
+    err = 0.0
+    # fills 0 -> [1, 2] -> [3, 4] -> both rows flush inside the third verify (fill + 2 >= 5)
+    for accepted in ([1, 0, 2], [2, 0, 2], [1, 0, 1]):
+        inp = p.inputs(T)
+        y = gdn_replay_verify(*p.pool(), *p.args(inp), **p.kw())
+        commit(p.fill, p.origin, p.slots, mode=MODE_VERIFY, buffer_len=p.L, capacity=p.cap,
+               window=T, accepted=torch.tensor(accepted, dtype=torch.int32, device=device),
+               validate=True)
+        st = p.state.clone()
+        snaps = []
+        for j in range(T):
+            err = max(err, p.rel(y[:, j], p.ref_step(st, inp, j=j)))
+            snaps.append(st.clone())
+        for row, a in enumerate(accepted):
+            s = int(p.slots[row])
+            if s >= 0 and a > 0:
+                p.state[s] = snaps[a - 1][s]
+    gdn_replay_flush(*p.pool(), buffer_len=p.L, num_k_heads=p.H, validate=True)
+    commit(p.fill, p.origin, p.slots, mode=MODE_FLUSH, buffer_len=p.L, capacity=p.cap)
+    serr = p.state_rel()
+    if not p.padded_untouched():
+        return FAIL, "the padded row's slot was modified", max(err, serr)
+    return None, (f"outputs {err:.1e} over 3 steps of {T} drafts (flush inside verify "
+                  f"included), state after accept + flush {serr:.1e}"), max(err, serr)
+
+
 def _kernel_checks(device):
     checks = [("kernel cursors.commit", lambda: _kc_cursors(device))]
     for route in ("output_only", "reconstruct", "split"):
@@ -359,6 +496,12 @@ def _kernel_checks(device):
     for route in ("output_only", "reconstruct"):
         checks.append((f"kernel verify ({route})", lambda r=route: _kc_verify(device, r)))
     checks.append(("kernel flush", lambda: _kc_flush(device)))
+    for route in ("output_only", "split"):
+        checks.append((f"kernel GDN decode ({route})",
+                       lambda r=route: _kc_gdn_decode(device, r)))
+    checks.append(("kernel GDN decode (bf16 + fp32 fold copy)",
+                   lambda: _kc_gdn_decode(device, "split", fold=True)))
+    checks.append(("kernel GDN verify + flush", lambda: _kc_gdn_verify_flush(device)))
     out = []
     for name, fn in checks:
         t0 = time.perf_counter()

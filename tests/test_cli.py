@@ -75,7 +75,9 @@ def test_check_json():
     for name in ("kernel cursors.commit", "kernel decode (output_only)",
                  "kernel decode (reconstruct)", "kernel decode (split)",
                  "kernel verify (output_only)",
-                 "kernel verify (reconstruct)", "kernel flush"):
+                 "kernel verify (reconstruct)", "kernel flush",
+                 "kernel GDN decode (output_only)", "kernel GDN decode (split)",
+                 "kernel GDN decode (bf16 + fp32 fold copy)", "kernel GDN verify + flush"):
         assert name in kernels, sorted(kernels)
     for name, c in kernels.items():
         assert c["status"] == "OK", (name, c["detail"])
