@@ -104,6 +104,22 @@ def arms_for(family: str) -> list[str]:
     return arms + [REPLAY_ARM]
 
 
+DECODE_ROUTES = ("auto", "output_only", "split")
+
+
+def split_arm(arm: str, decode_route: str = "auto") -> tuple[str, str]:
+    """'replayssm:split' -> ('replayssm', 'split'): an arm may name its own
+    decode route, so both routes run in one invocation; otherwise the arm
+    takes --decode-route."""
+    base, sep, route = arm.partition(":")
+    if not sep:
+        return arm, decode_route
+    if base != REPLAY_ARM or route not in DECODE_ROUTES:
+        raise ValueError(f"arm {arm!r}: only {REPLAY_ARM} takes a decode route suffix, one of "
+                         f"{DECODE_ROUTES} (e.g. {REPLAY_ARM}:output_only)")
+    return base, route
+
+
 def arm_label(arm: str, checkpoint_dtype: str, decode_route: str = "auto") -> str:
     """replayssm with a non-default checkpoint dtype or decode route is its own arm."""
     if arm != REPLAY_ARM:
@@ -493,7 +509,8 @@ def profile_arm(args, url: str, tag: str) -> dict:
 
 
 def run_arm(args, arm: str, family: str, env: dict) -> dict:
-    label = arm_label(arm, args.checkpoint_dtype, args.decode_route)
+    arm, decode_route = split_arm(arm, args.decode_route)
+    label = arm_label(arm, args.checkpoint_dtype, decode_route)
     url = f"http://127.0.0.1:{args.port}"
     tag = f"{args.model}_{label}"
     os.makedirs(args.log_dir, exist_ok=True)
@@ -502,7 +519,7 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
         os.remove(result_file)  # bench_one_batch_server appends
     launch = server_command(args.model_path, family, arm, port=args.port,
                             buffer_len=args.buffer_len, checkpoint_dtype=args.checkpoint_dtype,
-                            decode_route=args.decode_route,
+                            decode_route=decode_route,
                             extra_args=shlex.split(args.server_args))
     bench = bench_command(args.model_path, url, batch_sizes=args.batch_sizes,
                           input_len=args.input_len, output_len=args.output_len,
@@ -579,9 +596,9 @@ def cmd_run(args) -> int:
         sys.exit(f"--parity-floor-group must be >= 0, got {args.parity_floor_group}")
     family = model_family(args.model_path)
     arms = args.arms or arms_for(family)
-    for arm in arms:
-        arm_flags(family, arm, args.buffer_len, args.checkpoint_dtype,
-                  args.decode_route)  # fail fast on a bad arm
+    for arm in arms:  # fail fast on a bad arm (ValueError)
+        base, route = split_arm(arm, args.decode_route)
+        arm_flags(family, base, args.buffer_len, args.checkpoint_dtype, route)
     env = environment()
     os.makedirs(args.partial_dir, exist_ok=True)
     failed = 0
@@ -828,12 +845,14 @@ def main(argv=None) -> int:
     run.add_argument("--arms", nargs="+", metavar="ARM",
                      help="arms to run in turn (default: all for the model's family: "
                           "mamba2 stock-triton stock-flashinfer replayssm; "
-                          "gdn stock-triton sglang-replay replayssm)")
+                          "gdn stock-triton sglang-replay replayssm); replayssm:ROUTE "
+                          "(ROUTE = auto, output_only, split) runs that decode route, so "
+                          "both routes fit one invocation")
     run.add_argument("--buffer-len", type=int, default=16,
                      help="ReplaySSM buffer length (also SGLang's --linear-replayssm-cache-len)")
     run.add_argument("--checkpoint-dtype", choices=CHECKPOINT_DTYPES, default="auto",
                      help="--replayssm-checkpoint-dtype of the replayssm arm")
-    run.add_argument("--decode-route", choices=("auto", "output_only", "split"), default="auto",
+    run.add_argument("--decode-route", choices=DECODE_ROUTES, default="auto",
                      help="--replayssm-decode-route of the replayssm arm (non-auto: its own "
                           "arm label, e.g. replayssm-split)")
     run.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])

@@ -336,6 +336,24 @@ def test_run_rejects_an_unknown_arm_before_starting_anything(models, tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def test_an_arm_may_name_its_decode_route(models, tmp_path):
+    assert bs.split_arm("replayssm:split") == ("replayssm", "split")
+    assert bs.split_arm("replayssm", "output_only") == ("replayssm", "output_only")
+    assert bs.split_arm("stock-flashinfer", "split") == ("stock-flashinfer", "split")
+    assert bs.arm_label(*bs.split_arm("replayssm:output_only")[:1], "auto",
+                        bs.split_arm("replayssm:output_only")[1]) == "replayssm-output_only"
+    cmd = bs.server_command(models["nemotron-h-8b"], "mamba2", "replayssm", port=1,
+                            decode_route="output_only")
+    assert cmd[cmd.index("--replayssm-decode-route") + 1] == "output_only"
+    root = os.path.dirname(models["nemotron-h-8b"])
+    for bad in ("replayssm:fast", "stock-triton:split"):
+        with pytest.raises(ValueError, match="decode route suffix"):
+            bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms",
+                     "stock-triton", bad, "--partial-dir", str(tmp_path),
+                     "--log-dir", str(tmp_path)])
+    assert os.listdir(tmp_path) == []
+
+
 def test_server_is_killed_with_its_children_when_never_healthy(tmp_path):
     log_path = tmp_path / "server.log"
     server = bs.Server(["bash", "-c", "sleep 60 & echo started; sleep 60"], str(log_path))
