@@ -287,6 +287,23 @@ def _kc_decode(device, route):
                   f"= 2 buffer cycles of {p.L})"), max(err, serr)
 
 
+def _check_drafts(p, y, inp, accepted):
+    """A verify step of pool ``p`` (either family): each draft's outputs y[:, j]
+    against the eager reference stepped through the drafts from ``p.state``;
+    then each live row's reference state becomes the one after its accepted
+    drafts. Returns the max rel err."""
+    st = p.state.clone()
+    snaps, err = [], 0.0
+    for j in range(y.shape[1]):
+        err = max(err, p.rel(y[:, j], p.ref_step(st, inp, j=j)))
+        snaps.append(st.clone())
+    for row, a in enumerate(accepted):
+        s = int(p.slots[row])
+        if s >= 0 and a > 0:
+            p.state[s] = snaps[a - 1][s]
+    return err
+
+
 def _kc_verify(device, route):
     import torch
 
@@ -309,15 +326,7 @@ def _kc_verify(device, route):
         acc = torch.tensor(accepted, dtype=torch.int32, device=device)
         commit(p.fill, p.origin, p.slots, mode=MODE_VERIFY, buffer_len=p.L, capacity=p.cap,
                window=T, accepted=acc, validate=True)
-        st = p.state.clone()
-        snaps = []
-        for j in range(T):
-            err = max(err, p.rel(y[:, j], p.ref_step(st, inp, j=j)))
-            snaps.append(st.clone())
-        for row, a in enumerate(accepted):
-            s = int(p.slots[row])
-            if s >= 0 and a > 0:
-                p.state[s] = snaps[a - 1][s]
+        err = max(err, _check_drafts(p, y, inp, accepted))
     mamba2_replay_flush(*p.pool(), p.A, buffer_len=p.L, validate=True)
     commit(p.fill, p.origin, p.slots, mode=MODE_FLUSH, buffer_len=p.L, capacity=p.cap)
     serr = p.state_rel()
@@ -471,15 +480,7 @@ def _kc_gdn_verify_flush(device):
         commit(p.fill, p.origin, p.slots, mode=MODE_VERIFY, buffer_len=p.L, capacity=p.cap,
                window=T, accepted=torch.tensor(accepted, dtype=torch.int32, device=device),
                validate=True)
-        st = p.state.clone()
-        snaps = []
-        for j in range(T):
-            err = max(err, p.rel(y[:, j], p.ref_step(st, inp, j=j)))
-            snaps.append(st.clone())
-        for row, a in enumerate(accepted):
-            s = int(p.slots[row])
-            if s >= 0 and a > 0:
-                p.state[s] = snaps[a - 1][s]
+        err = max(err, _check_drafts(p, y, inp, accepted))
     gdn_replay_flush(*p.pool(), buffer_len=p.L, num_k_heads=p.H, validate=True)
     commit(p.fill, p.origin, p.slots, mode=MODE_FLUSH, buffer_len=p.L, capacity=p.cap)
     serr = p.state_rel()

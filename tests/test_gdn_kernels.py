@@ -115,6 +115,20 @@ class Pool:
         assert self.rel(self.fold[s], self.ref[s]) < FOLD_TOL
         assert self.rel(self.ckpt[s], self.fold[s].double().cpu()) < 2 ** -7
 
+    def check_drafts(self, s, y, qkv, a, b, accepted):
+        """Verify outputs of one row (y [T, HV, V] for drafts qkv/a/b [T, ...])
+        against the float64 decode of the drafts in order from the twin's
+        state; then the twin takes the state after the ``accepted`` first."""
+        state = self.ref[s].clone()
+        for j in range(y.shape[0]):
+            saved, self.ref[s] = self.ref[s], state
+            o, state = self.eager(s, qkv[j], a[j], b[j])
+            self.ref[s] = saved
+            assert self.rel(y[j], o) < self.tol
+            if j + 1 == accepted:
+                kept = state.clone()
+        self.ref[s] = kept
+
     def rel(self, got, ref):
         return float((got.double().cpu() - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
 
@@ -192,16 +206,8 @@ def test_verify_random_acceptance(device):
                 continue
             if fill0[s] + T >= L:  # flushed the committed history before the window
                 flushes[s] += 1
-                assert pool.rel(pool.ckpt[s], pool.ref[s]) < pool.tol
-            state = pool.ref[s].clone()
-            for j in range(T):  # every draft's output = sequential decode of the drafts
-                saved, pool.ref[s] = pool.ref[s], state
-                o, state = pool.eager(s, qkv[r, j], a[r, j], b[r, j])
-                pool.ref[s] = saved
-                assert pool.rel(y[r, j], o) < pool.tol
-                if j + 1 == int(acc[r]):
-                    accepted = state.clone()
-            pool.ref[s] = accepted
+                pool.check_flushed(s)
+            pool.check_drafts(s, y[r], qkv[r], a[r], b[r], int(acc[r]))
         commit(pool.fill, pool.origin, slots, mode=MODE_VERIFY, buffer_len=L, capacity=pool.cap,
                window=T, accepted=acc.to(device), validate=True)
     assert min(flushes.values()) >= 2
@@ -357,15 +363,7 @@ def test_fold_copy_through_verify_and_flush(device):
             if fill0[s] + T >= L:
                 flushes += 1
                 pool.check_flushed(s)
-            state = pool.ref[s].clone()
-            for j in range(T):
-                saved, pool.ref[s] = pool.ref[s], state
-                o, state = pool.eager(s, qkv[r, j], a[r, j], b[r, j])
-                pool.ref[s] = saved
-                assert pool.rel(y[r, j], o) < pool.tol
-                if j + 1 == int(acc[r]):
-                    accepted = state.clone()
-            pool.ref[s] = accepted
+            pool.check_drafts(s, y[r], qkv[r], a[r], b[r], int(acc[r]))
         commit(pool.fill, pool.origin, slots, mode=MODE_VERIFY, buffer_len=L, capacity=pool.cap,
                window=T, accepted=acc.to(device), validate=True)
     assert flushes >= 4
