@@ -92,7 +92,9 @@ def parse():
     ap.add_argument("--split-config", default="",
                     help="split route (both families): SplitConfig fields overriding the "
                          "default, e.g. out_heads=16,out_warps=4,fold_programs=528,fold_dot=0 "
-                         "(--sweep sweeps block/num_warps of its projection kernel)")
+                         "(--sweep sweeps block/num_warps of its projection kernel); several "
+                         "alternatives separated by ';' time one split arm each, e.g. "
+                         "'fold_programs=264;fold_programs=1056' ('' = the default)")
     ap.add_argument("--u-buffer-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                     help="gdn: dtype of our u ring (auto: float32 for an fp32 state, else bf16)")
     ap.add_argument("--k-buffer-dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -105,6 +107,14 @@ def parse():
     ap.add_argument("--slots", type=int, default=512, help="pool slots (>= largest batch)")
     ap.add_argument("--sweep", action="store_true",
                     help="first sweep launch configs (block, num_warps) at batch 256")
+    ap.add_argument("--stock", default="all",
+                    help="stock backends to time, comma-separated (mamba2: triton,flashinfer; "
+                         "gdn: triton), or 'all'; a diagnostic run may skip FlashInfer's JIT "
+                         "build (~3 min cold) with --stock triton")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="also record each ReplaySSM row's GPU time per kernel (torch "
+                         "profiler over the cycle graph): mean, flush step (max), plain steps "
+                         "(min)")
     ap.add_argument("--rep-ms", type=float, default=60)
     ap.add_argument("--deadline-s", type=float, default=520)
     ap.add_argument("--out-dir", default=None, help="default: benchmarks/results "
@@ -134,11 +144,12 @@ class Timer:
         self.l2.uniform_()
         self.sink = torch.empty((), dtype=torch.float32, device="cuda")
         self._flush_cache = {}
+        self._flush_names = None
 
     def flush_l2(self):
         torch.sum(self.l2, dim=0, out=self.sink)
 
-    def _graph_ms(self, fns):
+    def _capture(self, fns):
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
@@ -152,9 +163,54 @@ class Timer:
                 self.flush_l2()
                 fn()
         torch.cuda.synchronize()
+        return g
+
+    def _graph_ms(self, fns):
+        g = self._capture(fns)
         ms = do_bench(g.replay, warmup=10, rep=self.rep_ms, return_mode="median")
         del g
         return ms
+
+    def breakdown(self, fns, replays=4):
+        """GPU time of each kernel of the cycle graph, from the torch profiler
+        (CUPTI traces the kernels inside a graph one by one), the L2 flush's
+        own kernel left out: [{name, calls (per cycle), mean_us, min_us,
+        max_us, us_per_step}], longest first. min/max separate the flush step
+        from the plain ones (e.g. the split fold's scan-only launches)."""
+        if self._flush_names is None:
+            self._flush_names = set(self._kernel_durations([lambda: None], 1))
+        durs = self._kernel_durations(fns, replays)
+        out = []
+        for name, ds in durs.items():
+            if name in self._flush_names:
+                continue
+            out.append(dict(name=name[:120], calls=len(ds) // replays,
+                            mean_us=round(sum(ds) / len(ds), 2), min_us=round(min(ds), 2),
+                            max_us=round(max(ds), 2),
+                            us_per_step=round(sum(ds) / replays / len(fns), 2)))
+        return sorted(out, key=lambda k: -k["us_per_step"])
+
+    def _kernel_durations(self, fns, replays):
+        import tempfile
+        from torch.profiler import ProfilerActivity, profile
+        g = self._capture(fns)
+        g.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                g.replay()
+            torch.cuda.synchronize()
+        del g
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trace.json")
+            prof.export_chrome_trace(path)
+            with open(path) as f:
+                events = json.load(f).get("traceEvents", [])
+        durs = {}
+        for ev in events:
+            if ev.get("cat") == "kernel" and "dur" in ev:
+                durs.setdefault(ev["name"], []).append(float(ev["dur"]))
+        return durs
 
     def flush_only_ms(self, n):
         if n not in self._flush_cache:
@@ -181,6 +237,11 @@ class DryTimer:
     def eager_us(self, fn):
         fn()
         return 1.0
+
+    def breakdown(self, fns):
+        for fn in fns:
+            fn()
+        return []
 
 
 def copy_bandwidth():
@@ -248,9 +309,6 @@ class Family:
     def fail_key(self, shape):
         return shape
 
-    def route_name(self, route, b, sdt_t):
-        return route
-
     def row_extra(self, pool):
         return {}
 
@@ -265,19 +323,33 @@ class Family:
         """The config a route is launched with, from a swept/default one. Split
         route: a SplitConfig whose projection tile is the swept or default
         (block, num_warps), other fields default or --split-config."""
+        route, variant = self.split_variant(route)
         if route not in self.m.SPLIT_ROUTES:
             return cfg
         base = self.default_config(shape, sdt_t, b, route=route)
         if cfg is not None:
             base = dataclasses.replace(base, block=cfg.block, num_warps=cfg.num_warps)
         over = {}
-        for kv in filter(None, self.args.split_config.split(",")):
+        for kv in filter(None, variant.split(",")):
             k, v = kv.split("=")
             typ = type(getattr(base, k))  # AttributeError names a wrong field
             over[k] = bool(int(v)) if typ is bool else typ(v)
         return dataclasses.replace(base, **over)
 
+    def split_variant(self, route):
+        """``split#i`` (one arm per ';'-separated --split-config alternative)
+        -> ("split", the i-th alternative); any other route -> (route, the
+        only alternative)."""
+        alts = self.args.split_config.split(";")
+        if "#" in route:
+            base, i = route.split("#")
+            return base, alts[int(i)]
+        return route, alts[0] if len(alts) == 1 else ""
+
     def route_name(self, route, b, sdt_t):
+        if "#" in route:
+            base, variant = self.split_variant(route)
+            return f"{base}[{variant}]" if variant else base
         return self.m.default_route(b, sdt_t) if route == "auto" else route
 
     def check_text(self, c):
@@ -312,6 +384,8 @@ class Mamba2(Family):
         from sglang.kernels.ops.mamba.triton_ops.ssu_dispatch import (FlashInferSSUBackend,
                                                                        TritonSSUBackend)
         self.backends = {"triton": TritonSSUBackend()}
+        if "flashinfer" not in self.args.stock_names:
+            return
         try:
             self.backends["flashinfer"] = FlashInferSSUBackend()
         except Exception as e:  # recorded per row as "unavailable"
@@ -371,6 +445,7 @@ class Mamba2(Family):
 
     def replay_fns(self, shape, state, pool, c, idx, out, L, route, cfg=None):
         cfg = self.route_config(cfg, route, shape, state.dtype, idx.shape[0])
+        route = self.split_variant(route)[0]
 
         def step():
             self.m.mamba2_replay_decode(
@@ -565,6 +640,7 @@ class GDN(Family):
 
     def replay_fns(self, shape, state, pool, c, idx, out, L, route, cfg=None):
         cfg = self.route_config(cfg, route, shape, state.dtype, idx.shape[0])
+        route = self.split_variant(route)[0]
         out3 = out[:, 0]  # [b, HV, V] view of the [b, 1, HV, V] output
 
         def step():
@@ -836,6 +912,10 @@ def main():
         raise SystemExit(f"unknown {args.family} shapes {unknown}; known: {list(Fam.shapes)}")
     sdts = args.state_dtypes.split(",")
     routes = (args.routes or Fam.default_routes).split(",")
+    n_alts = len(args.split_config.split(";"))
+    if n_alts > 1:  # one split arm per --split-config alternative
+        routes = [v for r in routes
+                  for v in ([f"{r}#{i}" for i in range(n_alts)] if r == "split" else [r])]
     S = max(args.slots, max(batches))
 
     fam_versions = {}
@@ -880,6 +960,13 @@ def main():
     print(f"copy bandwidth {copy_bw / 1e12:.3f} TB/s", flush=True)
     g = torch.Generator(device=dev)
     g.manual_seed(0)
+    stock_names = (list(Fam.stock_backends) if args.stock == "all"
+                   else [n for n in args.stock.split(",") if n])
+    bad = [n for n in stock_names if n not in Fam.stock_backends]
+    if bad or not stock_names:
+        raise SystemExit(f"--stock {args.stock}: {args.family} stock backends are "
+                         f"{list(Fam.stock_backends)}")
+    args.stock_names = stock_names
     fam = Fam(args, dev, g, S)
     fam.setup(shapes, sdts)
     fam_versions = fam.extra_versions()
@@ -980,7 +1067,7 @@ def main():
             out = fam.out_like(c)
             Ls_stock = args.main_buffer_len
             stock = {}
-            for name in fam.stock_backends:
+            for name in stock_names:
                 fk = (name, fam.fail_key(shape), sdt)
                 if fk in stock_failed:  # e.g. no FlashInfer build for headdim 80
                     stock[name] = None
@@ -1020,10 +1107,12 @@ def main():
                     us_commit = timer.per_step_us([cm] * L)
                     us_k = max(us_all - us_commit, 0.0)
                     us = us_k + us_commit / nl
+                    kernels = (timer.breakdown([lambda: (s(), cm())] * L) if args.breakdown
+                               else None)
                 except Exception as e:  # the row keeps the other arms, with us = None
                     error(f"ReplaySSM {shape} {sdt} b={b} L={L} {route}: {e!r}"[:300]
                           + traceback.format_exc()[-600:])
-                    us = us_k = us_commit = None
+                    us = us_k = us_commit = kernels = None
                 nbytes = bytes_moved(fam.traffic(shape, b, es, pool), b, L, True)
 
                 def ratio(v):  # a comparator's time over ours = our speedup over it
@@ -1041,6 +1130,8 @@ def main():
                            speedup=ratio(stock.get(best)),
                            bw_frac=bw(nbytes, us),
                            bytes_moved=int(nbytes), stock_bytes_moved=int(stock_bytes))
+                if kernels is not None:
+                    row["breakdown"] = kernels
                 for k, v in stock.items():
                     row[f"stock_{k}_us"] = rnd(v, 2)
                     row[f"speedup_vs_{k}"] = ratio(v)
@@ -1104,6 +1195,18 @@ def write_md_png(res, args, fam):
         lines += ["", fam.parity_text + (": max relative output difference "
                                          if fam.name == "mamba2" else ": ")
                   + ", ".join(fam.check_text(c) for c in res["checks"])]
+    split = [r for r in res["rows"] if r.get("breakdown")]
+    if split:
+        lines += ["", "GPU time per kernel (torch profiler over the cycle graph; µs per call: "
+                      "mean, plain steps (min), flush step (max); per step = amortised):", "",
+                  "| shape | state | L | route | batch | kernel | calls / cycle | mean | min | "
+                  "max | per step |", "|" + "---|" * 11]
+        for r in split:
+            for k in r["breakdown"]:
+                lines.append(f"| {r['shape']} | {r['state_dtype']} | {r['buffer_len']} | "
+                             f"{r['route']} | {r['batch']} | `{k['name'][:48]}` | {k['calls']} | "
+                             f"{k['mean_us']} | {k['min_us']} | {k['max_us']} | "
+                             f"{k['us_per_step']} |")
     if res["errors"]:
         lines += ["", "Errors / skipped:"] + [f"- {e[:200]}" for e in res["errors"]]
     with open(base + ".md", "w") as f:
