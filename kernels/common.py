@@ -36,10 +36,13 @@ class SplitConfig(LaunchConfig):
                   grid (batch, groups), the key products (Mamba-2 B_s . C, GDN
                   k_s . k_t and k_s . q_t) computed once per group
     out_warps     (B) warps per program
-    fold_block    (C) state rows per work item; 0 = whole head (power of 2)
-    fold_warps    (C) warps per program (8: few persistent programs per SM, so
-                  more loads in flight per program; offline sm_90 compile: no
-                  spills at 4 or 8 warps, scripts/kernel_regs.py)
+    fold_block    (C) state rows per work item (power of 2); 0 = whole head
+    fold_warps    (C) warps per program. Default 32 rows / 4 warps: on the
+                  H200 (b=256, L=16, benchmarks/NOTES.md) its flush step took
+                  930 us (Mamba-2 fp32) / 571 us (GDN fp32) vs 1487 / 726 for
+                  whole-head (Mamba-2) or 64-row (GDN) items at 8 warps: the
+                  fold is latency bound, and smaller items at 168 registers
+                  (sm_90, scripts/kernel_regs.py) keep more of them in flight
     fold_programs (C) persistent grid size; 0 = 2 per SM (GPU) / 2 (interpreter)
     fold_rows     (C) batch rows scanned per chunk (power of 2); 0 = the whole
                   batch rounded up to a power of 2, at most 1024
@@ -50,8 +53,8 @@ class SplitConfig(LaunchConfig):
 
     out_heads: int = 1
     out_warps: int = 2
-    fold_block: int = 0
-    fold_warps: int = 8
+    fold_block: int = 32
+    fold_warps: int = 4
     fold_programs: int = 0
     fold_rows: int = 0
     fold_dot: bool = True

@@ -132,10 +132,12 @@ def split_fold_kernel(
             m_rk = mask_r[:, None] & mask_k[None, :]
             ck_off = slot * s_ck_slot + head * s_ck_head + offs_r[:, None] * s_ck_row \
                 + offs_k[None, :]
+            # converted to fp32 only where used: a conversion here would hold
+            # the ring loads below behind this tile's arrival
             if HAS_FOLD_COPY:  # the fold copy is the precise one
-                h = tl.load(fold_ptr + ck_off, mask=m_rk, other=0.0).to(tl.float32)
+                h_in = tl.load(fold_ptr + ck_off, mask=m_rk, other=0.0)
             else:
-                h = tl.load(ckpt_ptr + ck_off, mask=m_rk, other=0.0).to(tl.float32)
+                h_in = tl.load(ckpt_ptr + ck_off, mask=m_rk, other=0.0)
             if DT_GATED:  # Mamba-2: log decay A dt, input weight dt
                 A = tl.load(A_ptr + head * s_A).to(tl.float32)
             else:         # GDN: the ring holds the log decay g itself, weight 1
@@ -145,23 +147,30 @@ def split_fold_kernel(
             ring = tl.where(ring >= capacity, ring - capacity, ring)
             gs = tl.load(gbuf_ptr + slot * s_gb_slot + head * s_gb_head + ring,
                          mask=upto, other=0.0)
-            total = tl.sum(gs * A, axis=0)
             if FOLD_DOT:
-                cum = tl.cumsum(gs * A, axis=0)
+                # every ring load issued before the first reduction: the item's
+                # chain is slot -> origin -> ring -> fold -> store
                 vs = tl.load(vbuf_ptr + slot * s_vb_slot + head * s_vb_head
                              + ring[:, None] * s_vb_pos + offs_r[None, :],
-                             mask=upto[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
+                             mask=upto[:, None] & mask_r[None, :], other=0.0)
                 ks = tl.load(kbuf_ptr + slot * s_kb_slot + group * s_kb_group
                              + ring[:, None] * s_kb_pos + offs_k[None, :],
-                             mask=upto[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+                             mask=upto[:, None] & mask_k[None, :], other=0.0)
+                if RECOMPUTE:
+                    bs = tl.load(betabuf_ptr + slot * s_bb_slot + head * s_bb_head + ring,
+                                 mask=upto, other=0.0)
+                vs = vs.to(tl.float32)
+                ks = ks.to(tl.float32)
+            total = tl.sum(gs * A, axis=0)
+            h = h_in.to(tl.float32)
+            if FOLD_DOT:
+                cum = tl.cumsum(gs * A, axis=0)
                 if DT_GATED:
                     w_in = gs
                 else:
                     w_in = tl.where(upto, 1.0, 0.0)
                 if RECOMPUTE:
                     # GDN with a fold copy: vbuf holds the raw v; u from h (precise)
-                    bs = tl.load(betabuf_ptr + slot * s_bb_slot + head * s_bb_head + ring,
-                                 mask=upto, other=0.0)
                     vs = gdn_recompute_values(h, vs, bs, ks, cum, upto, BLOCK_S, DOT_PRECISION)
                 h = fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION)
             else:

@@ -288,7 +288,7 @@ def _gdn_split_outputs_kernel(
         o_t   = exp(cum_t) proj_q + sum_{s<t} exp(cum_t - cum_s) (k_s . q_t) u_s
                 + (k_t . q_t) u_t
     """
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     hv0 = tl.program_id(1) * HEADS
     hpg = HV // H
     hk = hv0 // hpg
@@ -297,81 +297,86 @@ def _gdn_split_outputs_kernel(
     offs_s = tl.arange(0, BLOCK_S)
     mask_v = offs_v < V
     mask_k = offs_k < K
+    # Latency bound (a program moves a few KiB), as the Mamba-2 (B): every
+    # load is issued as early as its address allows. Row-indexed first:
+    # this token's q, k and the projections do not wait for the slot id.
+    # (Loaded values are converted where used: a conversion stalls on its
+    # load and would hold every later load behind it.)
+    q_in = tl.load(qkv_ptr + row * s_qkv_row + hk * K + offs_k, mask=mask_k, other=0.0)
+    k_in = tl.load(qkv_ptr + row * s_qkv_row + H * K + hk * K + offs_k, mask=mask_k, other=0.0)
     slot = tl.load(slot_ptr + row).to(tl.int64)
-    row = row.to(tl.int64)
-    if slot < 0:  # padded row: output zeros (as the stock kernel), pool untouched
-        for j in tl.static_range(HEADS):
-            tl.store(out_ptr + row * s_o_row + (hv0 + j) * s_o_head + offs_v,
-                     tl.zeros([BLOCK_V], dtype=tl.float32).to(out_ptr.dtype.element_ty),
-                     mask=mask_v)
-        return
-    fill = tl.load(fill_ptr + slot)
-    origin = tl.load(origin_ptr + slot)
+    live = slot >= 0
+    slot = tl.maximum(slot, 0)
+    fill = tl.load(fill_ptr + slot, mask=live, other=0)
+    origin = tl.load(origin_ptr + slot, mask=live, other=0)
     # positions [0, fill) = history in the ring, fill = this token
     is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
     ring_q = origin + fill  # where this token goes (always: capacity >= buffer_len)
     ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
-
-    # this token's q, k (normalised exactly as the fused kernel does, so that
-    # the k ring holds the same values on both routes) and the key products
-    # shared by the program's v-heads
-    q_t = tl.load(qkv_ptr + row * s_qkv_row + hk * K + offs_k, mask=mask_k,
-                  other=0.0).to(tl.float32)
-    k_t = tl.load(qkv_ptr + row * s_qkv_row + H * K + hk * K + offs_k, mask=mask_k,
-                  other=0.0).to(tl.float32)
-    if USE_QK_L2NORM:
-        n_q = tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
-        n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
-        q_t = q_t / n_q
-        k_t = k_t / n_k
-    else:
-        n_q = 1.0
-        n_k = 1.0
-    q_t = q_t * scale
-    ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
-                 + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :],
-                 other=0.0).to(tl.float32)                                   # [S, K]
-    kk = tl.sum(ks * k_t[None, :], axis=1)                                  # k_s . k_t
-    kq = tl.sum(ks * q_t[None, :], axis=1)                                  # k_s . q_t
-    kq_t = tl.sum(k_t * q_t)
-    if hv0 % hpg == 0:  # the k-head's first program appends k (flush step included)
-        tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring_q * s_kb_pos + offs_k,
-                 k_t.to(kbuf_ptr.dtype.element_ty), mask=mask_k)
+    ks_in = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+                    + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :], other=0.0)
 
     for j in tl.static_range(HEADS):
         hv = hv0 + j
-        a_t = tl.load(a_ptr + row * s_a_row + hv).to(tl.float32)
-        g_t = -tl.exp(tl.load(A_log_ptr + hv).to(tl.float32)) * softplus(
-            a_t + tl.load(dt_bias_ptr + hv).to(tl.float32))
+        a_t = tl.load(a_ptr + row * s_a_row + hv)
+        A_log = tl.load(A_log_ptr + hv)
+        dt_bias = tl.load(dt_bias_ptr + hv)
         b_t = tl.load(b_ptr + row * s_b_row + hv)
-        beta = tl.sigmoid(b_t.to(tl.float32)).to(b_t.dtype).to(tl.float32)
+        p_off = proj_ptr + row * s_pr_row + hv * s_pr_head + offs_v
+        proj_q = tl.load(p_off, mask=mask_v, other=0.0)                      # h_c q_t (raw)
+        proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0)             # h_c k_t (raw)
+        v_in = tl.load(qkv_ptr + row * s_qkv_row + 2 * H * K + hv * V + offs_v,
+                       mask=mask_v, other=0.0)
         g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
                       other=0.0)
+        us_in = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
+                        + offs_v[None, :], mask=is_hist[:, None] & mask_v[None, :], other=0.0)
+        if j == 0:
+            # this token's q, k normalised exactly as the fused kernel does (so
+            # that the k ring holds the same values on both routes), and the
+            # key products shared by the program's v-heads
+            q_t = q_in.to(tl.float32)
+            k_t = k_in.to(tl.float32)
+            ks = ks_in.to(tl.float32)                                        # [S, K]
+            if USE_QK_L2NORM:
+                n_q = tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
+                n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
+                q_t = q_t / n_q
+                k_t = k_t / n_k
+            else:
+                n_q = 1.0
+                n_k = 1.0
+            q_t = q_t * scale
+            kk = tl.sum(ks * k_t[None, :], axis=1)                          # k_s . k_t
+            kq = tl.sum(ks * q_t[None, :], axis=1)                          # k_s . q_t
+            kq_t = tl.sum(k_t * q_t)
+        v_t = v_in.to(tl.float32)
+        us = us_in.to(tl.float32)                                            # [S, V]
+        g_t = -tl.exp(A_log.to(tl.float32)) * softplus(a_t.to(tl.float32)
+                                                        + dt_bias.to(tl.float32))
+        beta = tl.sigmoid(b_t.to(tl.float32)).to(b_t.dtype).to(tl.float32)
         cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
         cum_q = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # includes g_t: decay first
         w = tl.where(is_hist, tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)    # [S]
         decay = tl.exp(cum_q)
-        us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
-                     + offs_v[None, :], mask=is_hist[:, None] & mask_v[None, :],
-                     other=0.0).to(tl.float32)                               # [S, V]
-        p_off = proj_ptr + row * s_pr_row + hv * s_pr_head + offs_v
-        proj_q = tl.load(p_off, mask=mask_v, other=0.0) / n_q * scale        # h_c q_t
-        proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0) / n_k       # h_c k_t
-        v_t = tl.load(qkv_ptr + row * s_qkv_row + 2 * H * K + hv * V + offs_v,
-                      mask=mask_v, other=0.0).to(tl.float32)
-        hk_t = decay * proj_k + tl.sum(us * (w * kk)[:, None], axis=0)
+        hk_t = decay * (proj_k / n_k) + tl.sum(us * (w * kk)[:, None], axis=0)
         u_t = beta * (v_t - hk_t)
-        o_t = decay * proj_q + tl.sum(us * (w * kq)[:, None], axis=0) + kq_t * u_t
+        o_t = decay * (proj_q / n_q * scale) + tl.sum(us * (w * kq)[:, None], axis=0) \
+            + kq_t * u_t
+        # a padded row outputs zeros (as the stock kernel); its pool is untouched
         tl.store(out_ptr + row * s_o_row + hv * s_o_head + offs_v,
-                 o_t.to(out_ptr.dtype.element_ty), mask=mask_v)
+                 tl.where(live, o_t, 0.0).to(out_ptr.dtype.element_ty), mask=mask_v)
         # append, flush step included: (C) folds it from the ring
         tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring_q * s_ub_pos + offs_v,
-                 u_t.to(ubuf_ptr.dtype.element_ty), mask=mask_v)
-        tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring_q, g_t)
+                 u_t.to(ubuf_ptr.dtype.element_ty), mask=mask_v & live)
+        tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring_q, g_t, mask=live)
         if HAS_FOLD_COPY:  # raw inputs: (C) recomputes u from the precise copy
             tl.store(vbuf_ptr + slot * s_vb_slot + hv * s_vb_head + ring_q * s_vb_pos + offs_v,
-                     v_t.to(vbuf_ptr.dtype.element_ty), mask=mask_v)
-            tl.store(betabuf_ptr + slot * s_bb_slot + hv * s_bb_head + ring_q, beta)
+                     v_t.to(vbuf_ptr.dtype.element_ty), mask=mask_v & live)
+            tl.store(betabuf_ptr + slot * s_bb_slot + hv * s_bb_head + ring_q, beta, mask=live)
+    if hv0 % hpg == 0:  # the k-head's first program appends k (flush step included)
+        tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring_q * s_kb_pos + offs_k,
+                 k_t.to(kbuf_ptr.dtype.element_ty), mask=mask_k & live)
 
 
 # --------------------------------------------------------------------------
@@ -388,10 +393,7 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
     cfg = LaunchConfig(block=bv if batch >= 32 else min(bv, 32),
                        num_warps=2 if batch >= 32 else 4)
     if route in SPLIT_ROUTES:
-        # (C): fold items of at most 64 V rows. A whole 128-row head compiles
-        # offline (sm_90, scripts/kernel_regs.py) to 249 registers and 64 KiB
-        # shared at 8 warps (fp32, tl.dot), 64 rows to 208 / 32 KiB
-        return SplitConfig(block=cfg.block, num_warps=cfg.num_warps, fold_block=bv)
+        return SplitConfig(block=cfg.block, num_warps=cfg.num_warps)
     return cfg
 
 

@@ -71,14 +71,27 @@ SPLIT_MIN_BATCH = 64
 
 
 @triton.jit
+def _skip_gate(y, x_q, d, zq, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """y + D x (skip), times silu(z) (gate), from loaded D and z."""
+    if HAS_D:
+        y += d.to(tl.float32) * x_q
+    if HAS_Z:
+        zq = zq.to(tl.float32)
+        y = y * zq * tl.sigmoid(zq)
+    return y
+
+
+@triton.jit
 def _finish_output(y, x_q, D_ptr, head, s_D, z_ptrs, out_ptrs, mask_p,
                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
-    """y + D x (skip), times silu(z) (gate), stored: every route's epilogue."""
+    """The fused routes' epilogue: load D and z, _skip_gate, store."""
+    d = 0.0
+    zq = 0.0
     if HAS_D:
-        y += tl.load(D_ptr + head * s_D).to(tl.float32) * x_q
+        d = tl.load(D_ptr + head * s_D)
     if HAS_Z:
-        zq = tl.load(z_ptrs, mask=mask_p, other=0.0).to(tl.float32)
-        y = y * zq * tl.sigmoid(zq)
+        zq = tl.load(z_ptrs, mask=mask_p, other=0.0)
+    y = _skip_gate(y, x_q, d, zq, HAS_D, HAS_Z)
     tl.store(out_ptrs, y.to(out_ptrs.dtype.element_ty), mask=mask_p)
 
 
@@ -287,69 +300,92 @@ def _mamba2_split_outputs_kernel(
 ):
     """(B) One program per (row, HEADS consecutive heads of one group): the
     decode output from the projection and the ring, then the token's append.
-    No checkpoint access. B_s . C is computed once for the program's heads."""
-    row = tl.program_id(0)
+    No checkpoint access. B_s . C is computed once for the program's heads.
+
+    Latency, not bytes, bounds this kernel (a program moves a few KiB; H200,
+    b=256: 56 us for 32768 programs whose loads waited on each other, vs
+    ~9 us for its bytes at copy rate), so every load is issued as early as
+    its address allows: this token's inputs and the projection (row-indexed)
+    before the slot id; the cursors right after it; all ring entries right
+    after the cursors, before any reduction. The chain is slot -> cursors ->
+    ring -> arithmetic -> stores. A padded row (slot < 0) loads nothing
+    slot-indexed and stores nothing (masks, not an early return, which would
+    hold every later load behind the slot id)."""
+    row = tl.program_id(0).to(tl.int64)
     head0 = tl.program_id(1) * HEADS
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    if slot < 0:  # padded row: nothing read, nothing written
-        return
-    row = row.to(tl.int64)
-    fill = tl.load(fill_ptr + slot)
-    origin = tl.load(origin_ptr + slot)
     group = head0 // heads_per_group
     offs_p = tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     offs_s = tl.arange(0, BLOCK_S)
     mask_p = offs_p < headdim
     mask_n = offs_n < dstate
+    # row-indexed: independent of the slot
+    # (loaded values are converted where used: a conversion stalls on its
+    # load and would hold every later load behind it)
+    C_in = tl.load(C_ptr + row * s_C_row + group * s_C_group + offs_n, mask=mask_n, other=0.0)
+    B_w = tl.load(B_ptr + row * s_B_row + group * s_B_group + offs_n, mask=mask_n, other=0.0)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    live = slot >= 0
+    slot = tl.maximum(slot, 0)
+    fill = tl.load(fill_ptr + slot, mask=live, other=0)
+    origin = tl.load(origin_ptr + slot, mask=live, other=0)
     # positions [0, fill) = history in the ring, fill = this token
     is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
     ring_q = origin + fill  # where this token goes (always: capacity >= buffer_len)
     ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
-
-    # B_s . C_q for the history and for this token, shared by the heads
-    C_q = tl.load(C_ptr + row * s_C_row + group * s_C_group + offs_n,
-                  mask=mask_n, other=0.0).to(tl.float32)
-    B_w = tl.load(B_ptr + row * s_B_row + group * s_B_group + offs_n, mask=mask_n, other=0.0)
     Bs = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
                  + offs_n[None, :], mask=is_hist[:, None] & mask_n[None, :], other=0.0)
-    cb = tl.sum(Bs.to(tl.float32) * C_q[None, :], axis=1)
-    cb_q = tl.sum(B_w.to(tl.float32) * C_q, axis=0)
-    if head0 % heads_per_group == 0:  # one program per group appends B
-        tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring_q * s_bb_pos + offs_n,
-                 B_w.to(bbuf_ptr.dtype.element_ty), mask=mask_n)
 
-    for j in range(HEADS):
+    for j in tl.static_range(HEADS):
         head = head0 + j
-        A = tl.load(A_ptr + head * s_A).to(tl.float32)
-        dt_q = tl.load(dt_ptr + row * s_dt_row + head * s_dt_head).to(tl.float32)
+        # loads first (see the docstring), arithmetic after
+        A = tl.load(A_ptr + head * s_A)
+        dt_in = tl.load(dt_ptr + row * s_dt_row + head * s_dt_head)
+        dtb = 0.0
         if HAS_DT_BIAS:
-            dt_q += tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
-        if DT_SOFTPLUS:
-            dt_q = softplus(dt_q)
+            dtb = tl.load(dt_bias_ptr + head * s_dtb)
+        x_w = tl.load(x_ptr + row * s_x_row + head * s_x_head + offs_p, mask=mask_p, other=0.0)
+        proj = tl.load(proj_ptr + row * s_pr_row + head * s_pr_head + offs_p,
+                       mask=mask_p, other=0.0)
+        d = 0.0
+        zq = 0.0
+        if HAS_D:
+            d = tl.load(D_ptr + head * s_D)
+        if HAS_Z:
+            zq = tl.load(z_ptr + row * s_z_row + head * s_z_head + offs_p, mask=mask_p,
+                         other=0.0)
         dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring,
                        mask=is_hist, other=0.0)
+        xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
+                     + offs_p[None, :], mask=is_hist[:, None] & mask_p[None, :], other=0.0)
+        if j == 0:  # B_s . C_q for the history and for this token, shared by the heads
+            C_q = C_in.to(tl.float32)
+            cb = tl.sum(Bs.to(tl.float32) * C_q[None, :], axis=1)
+            cb_q = tl.sum(B_w.to(tl.float32) * C_q, axis=0)
+        A = A.to(tl.float32)
+        dt_q = dt_in.to(tl.float32)
+        if HAS_DT_BIAS:
+            dt_q += dtb.to(tl.float32)
+        if DT_SOFTPLUS:
+            dt_q = softplus(dt_q)
         dt = tl.where(is_hist, dt_h, tl.where(is_win, dt_q, 0.0))
         cum = tl.cumsum(dt * A, axis=0)
         cum_q = tl.sum(tl.where(is_win, cum, 0.0), axis=0)
         # history weights; this token's own weight is dt_q (exp(0) = 1)
         w = tl.where(is_hist, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt_h, 0.0) * cb
-        xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
-                     + offs_p[None, :], mask=is_hist[:, None] & mask_p[None, :], other=0.0)
-        x_w = tl.load(x_ptr + row * s_x_row + head * s_x_head + offs_p, mask=mask_p, other=0.0)
         x_q = x_w.to(tl.float32)
-        proj = tl.load(proj_ptr + row * s_pr_row + head * s_pr_head + offs_p,
-                       mask=mask_p, other=0.0)
         y = tl.exp(cum_q) * proj + tl.sum(xs.to(tl.float32) * w[:, None], axis=0) \
             + (dt_q * cb_q) * x_q
-        _finish_output(y, x_q, D_ptr, head, s_D,
-                       z_ptr + row * s_z_row + head * s_z_head + offs_p,
-                       out_ptr + row * s_o_row + head * s_o_head + offs_p, mask_p,
-                       HAS_D, HAS_Z)
+        y = _skip_gate(y, x_q, d, zq, HAS_D, HAS_Z)
+        tl.store(out_ptr + row * s_o_row + head * s_o_head + offs_p,
+                 y.to(out_ptr.dtype.element_ty), mask=mask_p & live)
         # append, flush step included: (C) folds it from the ring
         tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring_q * s_xb_pos + offs_p,
-                 x_w.to(xbuf_ptr.dtype.element_ty), mask=mask_p)
-        tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring_q, dt_q)
+                 x_w.to(xbuf_ptr.dtype.element_ty), mask=mask_p & live)
+        tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring_q, dt_q, mask=live)
+    if head0 % heads_per_group == 0:  # one program per group appends B
+        tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring_q * s_bb_pos + offs_n,
+                 B_w.to(bbuf_ptr.dtype.element_ty), mask=mask_n & live)
 
 
 # --------------------------------------------------------------------------
