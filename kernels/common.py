@@ -43,7 +43,10 @@ class SplitConfig(LaunchConfig):
                   whole-head (Mamba-2) or 64-row (GDN) items at 8 warps: the
                   fold is latency bound, and smaller items at 168 registers
                   (sm_90, scripts/kernel_regs.py) keep more of them in flight
-    fold_programs (C) persistent grid size; 0 = 2 per SM (GPU) / 2 (interpreter)
+    fold_programs (C) persistent grid size; 0 = fold_per_sm per SM (GPU) / 2
+                  (interpreter)
+    fold_per_sm   (C) programs per SM when fold_programs is 0: 168 registers
+                  x 4 warps leave room for 3 resident per SM
     fold_rows     (C) batch rows scanned per chunk (power of 2); 0 = the whole
                   batch rounded up to a power of 2, at most 1024
     fold_dot      (C) True: tl.dot fold ([rows, S] x [S, K], tf32x3 on GPU,
@@ -56,6 +59,7 @@ class SplitConfig(LaunchConfig):
     fold_block: int = 32
     fold_warps: int = 4
     fold_programs: int = 0
+    fold_per_sm: int = 2
     fold_rows: int = 0
     fold_dot: bool = True
 

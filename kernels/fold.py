@@ -206,12 +206,12 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def fold_programs(device) -> int:
-    """(C)'s default persistent grid: 2 programs per SM (interpreter: 2)."""
+def fold_programs(device, per_sm: int = 2) -> int:
+    """(C)'s default persistent grid: ``per_sm`` programs per SM (interpreter: 2)."""
     if interpreting() or device.type != "cuda":
         return 2
-    return 2 * _sm_count(device.index if device.index is not None else
-                         torch.cuda.current_device())
+    return per_sm * _sm_count(device.index if device.index is not None else
+                              torch.cuda.current_device())
 
 
 def launch_split_fold(checkpoint, checkpoint_fold, vbuf, kbuf, gbuf, fill, origin, slot_ids,
@@ -233,7 +233,7 @@ def launch_split_fold(checkpoint, checkpoint_fold, vbuf, kbuf, gbuf, fill, origi
     BLOCK_R = max(16, triton.next_power_of_2(R))
     fold_block = cfg.fold_block or BLOCK_R
     fold_rows = cfg.fold_rows or min(1024, triton.next_power_of_2(batch))
-    nprog = cfg.fold_programs or fold_programs(checkpoint.device)
+    nprog = cfg.fold_programs or fold_programs(checkpoint.device, cfg.fold_per_sm)
     split_fold_kernel[(nprog,)](
         checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
         vbuf, kbuf, gbuf, beta_buffer if recompute else gbuf, fill, origin, slot_ids,

@@ -385,15 +385,22 @@ def _gdn_split_outputs_kernel(
 
 def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
                    batch: int = 256, route: str = "output_only") -> LaunchConfig:
-    """Not yet tuned on a GPU: the Mamba-2 kernel's measured shape (a large
-    tile, 2 warps at serving batch) carried over. For the split route a
-    SplitConfig whose projection (A) tile follows the same rule and whose
-    other knobs are SplitConfig's defaults (untuned: sweep on the GPU)."""
+    """The fused kernel: the Mamba-2 kernel's measured shape (a large tile, 2
+    warps at serving batch) carried over; it serves batches below 8 only. For
+    the split route a SplitConfig whose projection (A) tile follows the same
+    rule (its sweep on the H200 is flat) and whose (B)/(C) knobs were
+    measured (below)."""
     bv = min(64, max(16, triton.next_power_of_2(head_v_dim)))
     cfg = LaunchConfig(block=bv if batch >= 32 else min(bv, 32),
                        num_warps=2 if batch >= 32 else 4)
     if route in SPLIT_ROUTES:
-        return SplitConfig(block=cfg.block, num_warps=cfg.num_warps)
+        # H200, Qwen3-Next shape, b=256, L=16 (kernels_gdn_latency.md): (B)
+        # at 1 warp 29.2 / 22.1 us (fp32 / bf16 state) vs 35.1 / 39.8 at 2
+        # warps from batch 64 (at 8: 15.6 vs 14.9 us); (C)'s flush step at 3
+        # programs per SM 310 vs 415 us (bf16), 652 vs 569 (fp32: 2 per SM)
+        return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
+                           out_warps=1 if batch >= 64 else 2,
+                           fold_per_sm=2 if state_dtype == torch.float32 else 3)
     return cfg
 
 

@@ -67,7 +67,7 @@ ROUTES = ("output_only", "reconstruct", "split")
 # routes of three launches (projection, outputs, fold): MODE_DECODE only
 SPLIT_ROUTES = ("split",)
 # "auto" takes the split route from this decode batch on (see default_route)
-SPLIT_MIN_BATCH = 64
+SPLIT_MIN_BATCH = 8
 
 
 @triton.jit
@@ -398,25 +398,32 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
     (kernels_mamba2*.json): at serving batch sizes a whole head per program
     with 2 warps (more programs resident per SM); small batches need more,
     smaller programs to fill the GPU. For the split route a SplitConfig whose
-    projection tile follows the same rule (not yet tuned on the GPU)."""
+    projection tile follows the same rule (its sweep is flat), with (B) at one
+    warp from batch 16 and (C) at 3 programs per SM: H200, Nemotron-H-8B
+    shape, b=256, L=16 (benchmarks/results/kernels_mamba2_latency.md), (B)
+    39.7 us at 1 warp vs 62.8 at 2 (its 32768 programs are latency bound:
+    more of them resident wins); (C)'s flush step 761 us at 3 per SM vs 928
+    at 2 (fp32; bf16 563 vs 731)."""
     if batch >= 32:
         cfg = LaunchConfig(block=min(64, max(16, triton.next_power_of_2(headdim))), num_warps=2)
     else:
         cfg = LaunchConfig(block=32 if headdim > 16 else 16, num_warps=4)
     if route in SPLIT_ROUTES:
-        return SplitConfig(block=cfg.block, num_warps=cfg.num_warps)
+        return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
+                           out_warps=1 if batch >= 16 else 2, fold_per_sm=3)
     return cfg
 
 
 def default_route(batch: int, state_dtype: torch.dtype, mode: int = MODE_DECODE) -> str:
-    """The route "auto" means, from measurement on the H200 (Mamba-2 (Nemotron-H-8B shape), L=16,
-    amortised over the buffer cycle, benchmarks/results/kernels_mamba2_split.md; fused
-    output_only vs split: fp32 6.5 vs 10.4 us at batch 1, 118.9 vs 108.6 at 64, 434.0 vs 402.4
-    at 256; bf16 5.9 vs 9.5, 83.8 vs 75.8, 311.1 vs 276.0).
-    The split route's three launches cost a few microseconds more than one
-    fused launch at small batch and win once the checkpoint read dominates;
-    batches between 1 and 64 are not measured yet, so they keep the fused
-    kernel. Verify and flush exist only in the fused kernel."""
+    """The route "auto" means, from measurement on the H200 (Mamba-2,
+    Nemotron-H-8B shape, L=16, amortised over the buffer cycle,
+    benchmarks/results/kernels_mamba2_latency.md; fused output_only vs split
+    at its defaults of then): fp32 6.3 vs 8.8 us at batch 1, 25.5 vs 19.0 at
+    8, 45.9 vs 30.7 at 16, 431.1 vs 372.9 at 256; bf16 5.7 vs 8.2, 22.7 vs
+    14.9, 40.9 vs 22.6, 307.0 vs 241.2. The split route's three launches cost
+    a few microseconds more than one fused launch at batch 1 and win from
+    batch 8 (2-7 not measured: they keep the fused kernel). Verify and flush
+    exist only in the fused kernel."""
     if mode != MODE_DECODE or batch < SPLIT_MIN_BATCH:
         return "output_only"
     return "split"
