@@ -393,7 +393,8 @@ def _mamba2_split_outputs_kernel(
 # --------------------------------------------------------------------------
 
 def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
-                   batch: int = 256, route: str = "output_only") -> LaunchConfig:
+                   batch: int = 256, route: str = "output_only",
+                   heads_per_group: int = 1) -> LaunchConfig:
     """Launch configuration, from the H200 sweeps in benchmarks/results/
     (kernels_mamba2*.json): at serving batch sizes a whole head per program
     with 2 warps (more programs resident per SM); small batches need more,
@@ -403,14 +404,18 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
     shape, b=256, L=16 (benchmarks/results/kernels_mamba2_latency.md), (B)
     39.7 us at 1 warp vs 62.8 at 2 (its 32768 programs are latency bound:
     more of them resident wins); (C)'s flush step 761 us at 3 per SM vs 928
-    at 2 (fp32; bf16 563 vs 731)."""
+    at 2 (fp32; bf16 563 vs 731); from batch 64 two heads per (B) program
+    where the group splits evenly (b=256: 329.9 vs 339.5 us whole route, fp32;
+    198.1 vs 207.2 bf16; diag_mamba2_heads in benchmarks/NOTES.md)."""
     if batch >= 32:
         cfg = LaunchConfig(block=min(64, max(16, triton.next_power_of_2(headdim))), num_warps=2)
     else:
         cfg = LaunchConfig(block=32 if headdim > 16 else 16, num_warps=4)
     if route in SPLIT_ROUTES:
+        two = batch >= 64 and heads_per_group % 2 == 0
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
-                           out_warps=1 if batch >= 16 else 2, fold_per_sm=3)
+                           out_heads=2 if two else 1, out_warps=1 if batch >= 16 else 2,
+                           fold_per_sm=3)
     return cfg
 
 
@@ -569,7 +574,8 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     cap = x_buffer.shape[2]
     batch = slot_ids.shape[0]
     hpg = H // G
-    cfg = split_config(config or default_config(P, N, checkpoint.dtype, batch, route="split"),
+    cfg = split_config(config or default_config(P, N, checkpoint.dtype, batch, route="split",
+                                                  heads_per_group=hpg),
                        hpg)
     BLOCK_P = max(16, triton.next_power_of_2(P))
     BLOCK_N = max(16, triton.next_power_of_2(N))

@@ -490,7 +490,7 @@ class Mamba2(Family):
 
     def default_config(self, shape, sdt_t, b, route="output_only"):
         H, P, N, G, _ = self.shapes[shape]
-        return self.m.default_config(P, N, sdt_t, b, route=route)
+        return self.m.default_config(P, N, sdt_t, b, route=route, heads_per_group=H // G)
 
     def cfg_fits(self, cfg, shape):
         return cfg.block <= max(16, triton.next_power_of_2(self.shapes[shape][1]))
