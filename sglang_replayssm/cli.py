@@ -304,10 +304,23 @@ def _check_drafts(p, y, inp, accepted):
     return err
 
 
+def _after_verify_flush(p, err, T):
+    """Both families' verify check, after its flush launch: commit the flush,
+    compare the state, check the padded row; err = the drafts' worst output
+    error."""
+    from .kernels.cursors import MODE_FLUSH, commit
+    commit(p.fill, p.origin, p.slots, mode=MODE_FLUSH, buffer_len=p.L, capacity=p.cap)
+    serr = p.state_rel()
+    if not p.padded_untouched():
+        return FAIL, "the padded row's slot was modified", max(err, serr)
+    return None, (f"outputs {err:.1e} over 3 steps of {T} drafts (flush inside verify "
+                  f"included), state after accept + flush {serr:.1e}"), max(err, serr)
+
+
 def _kc_verify(device, route):
     import torch
 
-    from .kernels.cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, commit
+    from .kernels.cursors import MODE_DECODE, MODE_VERIFY, commit
     from .kernels.mamba2_replay import (mamba2_replay_decode, mamba2_replay_flush,
                                         mamba2_replay_verify)
     T = 2
@@ -328,12 +341,7 @@ def _kc_verify(device, route):
                window=T, accepted=acc, validate=True)
         err = max(err, _check_drafts(p, y, inp, accepted))
     mamba2_replay_flush(*p.pool(), p.A, buffer_len=p.L, validate=True)
-    commit(p.fill, p.origin, p.slots, mode=MODE_FLUSH, buffer_len=p.L, capacity=p.cap)
-    serr = p.state_rel()
-    if not p.padded_untouched():
-        return FAIL, "the padded row's slot was modified", max(err, serr)
-    return None, (f"outputs {err:.1e} over 3 steps of {T} drafts (flush inside verify "
-                  f"included), state after accept + flush {serr:.1e}"), max(err, serr)
+    return _after_verify_flush(p, err, T)
 
 
 def _kc_flush(device):
@@ -468,7 +476,7 @@ def _kc_gdn_decode(device, route, fold=False):
 def _kc_gdn_verify_flush(device):
     import torch
 
-    from .kernels.cursors import MODE_FLUSH, MODE_VERIFY, commit
+    from .kernels.cursors import MODE_VERIFY, commit
     from .kernels.gdn_replay import gdn_replay_flush, gdn_replay_verify
     T = 2
     p = _GDNPool(device, buffer_len=5, window=T, seed=6)
@@ -482,12 +490,7 @@ def _kc_gdn_verify_flush(device):
                validate=True)
         err = max(err, _check_drafts(p, y, inp, accepted))
     gdn_replay_flush(*p.pool(), buffer_len=p.L, num_k_heads=p.H, validate=True)
-    commit(p.fill, p.origin, p.slots, mode=MODE_FLUSH, buffer_len=p.L, capacity=p.cap)
-    serr = p.state_rel()
-    if not p.padded_untouched():
-        return FAIL, "the padded row's slot was modified", max(err, serr)
-    return None, (f"outputs {err:.1e} over 3 steps of {T} drafts (flush inside verify "
-                  f"included), state after accept + flush {serr:.1e}"), max(err, serr)
+    return _after_verify_flush(p, err, T)
 
 
 def _kernel_checks(device):
