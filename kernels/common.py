@@ -52,6 +52,10 @@ class SplitConfig(LaunchConfig):
     fold_dot      (C) True: tl.dot fold ([rows, S] x [S, K], tf32x3 on GPU,
                   ieee in the interpreter, as the fused kernels); False: FMA
                   outer products, one ring entry at a time
+    project_fold  Mamba-2 only. True: (A) folds the flushing rows' tiles
+                  itself (the tile it just read, this token from the inputs)
+                  and there is no (C) launch, so the fold_* knobs above do not
+                  apply; False: (A) is the plain projection and (C) folds
     """
 
     out_heads: int = 1
@@ -62,6 +66,7 @@ class SplitConfig(LaunchConfig):
     fold_per_sm: int = 2
     fold_rows: int = 0
     fold_dot: bool = True
+    project_fold: bool = False
 
 
 def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:

@@ -282,6 +282,87 @@ def _mamba2_replay_kernel(
 
 
 @triton.jit
+def _mamba2_split_projection_kernel(
+    ckpt_ptr, fold_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
+    x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, dt_bias_ptr, proj_ptr,
+    heads_per_group, headdim, dstate, buffer_len, capacity,
+    s_ck_slot, s_ck_head, s_ck_p,
+    s_xb_slot, s_xb_head, s_xb_pos,
+    s_bb_slot, s_bb_group, s_bb_pos,
+    s_db_slot, s_db_head,
+    s_x_row, s_x_head, s_dt_row, s_dt_head,
+    s_B_row, s_B_group, s_C_row, s_C_group,
+    s_pr_row, s_pr_head, s_A, s_dtb,
+    BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_FOLD_COPY: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """(A) with the fold: one program per (row, head, BLOCK_P rows of headdim)
+    computes proj = h_c C_q from its checkpoint tile and, on the row's flush
+    step (fill + 1 >= buffer_len), folds the history and this token into the
+    same tile and writes it back. The fold reuses the tile the projection
+    read, so a flush step reads the checkpoint once, not twice (projection,
+    then the persistent fold (C)), and the folds of a step spread over the
+    projection's whole grid. This token's (x, B, dt) come from the call's
+    inputs: (B), launched after, appends them to the ring."""
+    pid_p = tl.program_id(0)
+    head = tl.program_id(1)
+    row = tl.program_id(2)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    if slot < 0:  # padded row: its proj entries stay unwritten
+        return
+    group = head // heads_per_group
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < headdim
+    mask_n = offs_n < dstate
+    m_pn = mask_p[:, None] & mask_n[None, :]
+    ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p + offs_n[None, :]
+    # the tile's address depends on the slot only: issued right after it
+    h_in = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0)
+    row64 = row.to(tl.int64)
+    C_q = tl.load(C_ptr + row64 * s_C_row + group * s_C_group + offs_n, mask=mask_n,
+                  other=0.0).to(tl.float32)
+    fill = tl.load(fill_ptr + slot)
+    proj = tl.sum(h_in.to(tl.float32) * C_q[None, :], axis=1)
+    tl.store(proj_ptr + row64 * s_pr_row + head * s_pr_head + offs_p, proj, mask=mask_p)
+    if fill + 1 >= buffer_len:
+        origin = tl.load(origin_ptr + slot)
+        offs_s = tl.arange(0, BLOCK_S)
+        # positions [0, fill) = history in the ring, fill = this token
+        is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
+        if HAS_FOLD_COPY:  # the fold copy is the precise one
+            h = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
+        else:
+            h = h_in
+        dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring,
+                       mask=is_hist, other=0.0)
+        xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
+                     + offs_p[None, :], mask=is_hist[:, None] & mask_p[None, :], other=0.0)
+        Bs = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
+                     + offs_n[None, :], mask=is_hist[:, None] & mask_n[None, :], other=0.0)
+        x_q = tl.load(x_ptr + row64 * s_x_row + head * s_x_head + offs_p, mask=mask_p, other=0.0)
+        B_q = tl.load(B_ptr + row64 * s_B_row + group * s_B_group + offs_n, mask=mask_n,
+                      other=0.0)
+        dt_q = tl.load(dt_ptr + row64 * s_dt_row + head * s_dt_head).to(tl.float32)
+        A = tl.load(A_ptr + head * s_A).to(tl.float32)
+        if HAS_DT_BIAS:
+            dt_q += tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
+        if DT_SOFTPLUS:
+            dt_q = softplus(dt_q)
+        dt = tl.where(is_hist, dt_h, tl.where(is_win, dt_q, 0.0))
+        xs = tl.where(is_win[:, None], x_q.to(tl.float32)[None, :], xs.to(tl.float32))
+        Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
+        cum = tl.cumsum(dt * A, axis=0)
+        upto = offs_s <= fill
+        total = tl.sum(tl.where(upto, dt * A, 0.0), axis=0)
+        h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
+        tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
+        if HAS_FOLD_COPY:
+            tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+
+
+@triton.jit
 def _mamba2_split_outputs_kernel(
     proj_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
     x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, A_ptr, D_ptr, dt_bias_ptr, out_ptr,
@@ -584,8 +665,28 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     # (A) proj[row, head, :] = h_c C_q, fp32 scratch. torch.empty is fine
     # under CUDA graphs: the graph's private pool gives the same buffer on
     # every replay, and (B) reads only entries (A) wrote in the same step.
-    proj = project_state(checkpoint, slot_ids, C, heads_per_group=hpg,
-                         config=LaunchConfig(cfg.block, cfg.num_warps))
+    if cfg.project_fold:  # (A) folds the flushing rows too: no (C)
+        proj = torch.empty((batch, H, P), dtype=torch.float32, device=x.device)
+        _mamba2_split_projection_kernel[(triton.cdiv(P, cfg.block), H, batch)](
+            checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
+            x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+            x, dt, B, C, A, dt_bias if dt_bias is not None else dummy, proj,
+            hpg, P, N, buffer_len, cap,
+            checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
+            x_buffer.stride(0), x_buffer.stride(1), x_buffer.stride(2),
+            B_buffer.stride(0), B_buffer.stride(1), B_buffer.stride(2),
+            dt_buffer.stride(0), dt_buffer.stride(1),
+            x.stride(0), x.stride(1), dt.stride(0), dt.stride(1),
+            B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+            proj.stride(0), proj.stride(1), A.stride(0),
+            dt_bias.stride(0) if dt_bias is not None else 0,
+            BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
+            HAS_FOLD_COPY=checkpoint_fold is not None, HAS_DT_BIAS=dt_bias is not None,
+            DT_SOFTPLUS=dt_softplus, DOT_PRECISION=dot_precision(), num_warps=cfg.num_warps,
+        )
+    else:
+        proj = project_state(checkpoint, slot_ids, C, heads_per_group=hpg,
+                             config=LaunchConfig(cfg.block, cfg.num_warps))
 
     # (B) outputs + append (every live row, flush step included)
     zs = z if z is not None else x
@@ -608,6 +709,8 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         DT_SOFTPLUS=dt_softplus, num_warps=cfg.out_warps,
     )
 
+    if cfg.project_fold:
+        return
     # (C) fold the rows whose decode flush rule fires (the others: a cursor scan)
     launch_split_fold(checkpoint, checkpoint_fold, x_buffer, B_buffer, dt_buffer, fill, origin,
                       slot_ids, A, buffer_len=buffer_len, cfg=cfg, BLOCK_S=BLOCK_S)

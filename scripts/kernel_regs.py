@@ -76,6 +76,13 @@ def mamba2():
                        {"state_ptr": ptr, "slot_ptr": "*i32", "vec_ptr": "*bf16",
                         "out_ptr": "*fp32"},
                        {"NUM_VEC": 1, "BLOCK_R": block, "BLOCK_K": N}, nw)
+    for sdt, ptr in state.items():
+        for block in (16, 32, 64):
+            for nw in (2, 4, 8):
+                report(f"(A) projection + fold {sdt} block={block}",
+                       m2._mamba2_split_projection_kernel, dict(act, ckpt_ptr=ptr, fold_ptr=ptr),
+                       {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "HAS_FOLD_COPY": False,
+                        "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "DOT_PRECISION": "tf32x3"}, nw)
     for heads in (1, 4, 16):
         for nw in (1, 2, 4):
             report(f"(B) outputs out_heads={heads}", m2._mamba2_split_outputs_kernel, act,

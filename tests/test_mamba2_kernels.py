@@ -342,7 +342,14 @@ SPLIT_KNOBS = [
 ]
 SPLIT_DECODE_CASES = [replace(c, route="split", config=c.config + k)
                       for c, k in zip(FUSED_DECODE_CASES, SPLIT_KNOBS)]
-DECODE_CASES = FUSED_DECODE_CASES + SPLIT_DECODE_CASES
+# ... and with the fold inside the projection (A) (no (C)), on the fused
+# cases' projection tiles (block 16: several headdim slices per head) and
+# outputs knobs
+PROJECT_FOLD = (("project_fold", True),)
+PROJECT_FOLD_CASES = [replace(c, route="split", config=c.config + PROJECT_FOLD
+                              + tuple(kv for kv in k if kv[0].startswith("out_")))
+                      for c, k in zip(FUSED_DECODE_CASES, SPLIT_KNOBS)]
+DECODE_CASES = FUSED_DECODE_CASES + SPLIT_DECODE_CASES + PROJECT_FOLD_CASES
 
 
 @pytest.mark.parametrize("cfg", DECODE_CASES, ids=lambda c: c.id)
@@ -385,7 +392,8 @@ def test_decode_staggered_sparse_padded(device, route):
 
 @pytest.mark.parametrize("route,config", [("output_only", ()), ("reconstruct", (NW2,)),
                                           ("split", ()),
-                                          ("split", (("fold_dot", False), ("out_heads", 2)))])
+                                          ("split", (("fold_dot", False), ("out_heads", 2))),
+                                          ("split", PROJECT_FOLD)])
 def test_dual_precision_fold_copy(device, route, config):
     """bf16 read copy + fp32 fold copy: at each flush the fold copy is the fp32
     reference state (no bf16 drift across flushes), the read copy is it rounded."""
@@ -400,14 +408,16 @@ def test_dual_precision_fold_copy(device, route, config):
     assert all(pool.flushes.get(s, 0) >= 3 for s in slots), pool.flushes
 
 
-@pytest.mark.parametrize("fold_dot", [True, False], ids=["dot", "fma"])
-def test_split_matches_fused_over_a_cycle(device, fold_dot):
+@pytest.mark.parametrize("knobs", [(("fold_dot", True),), (("fold_dot", False),), PROJECT_FOLD],
+                         ids=["dot", "fma", "project_fold"])
+def test_split_matches_fused_over_a_cycle(device, knobs):
     """The split route against the fused one on the same pool and inputs: two
     full buffer cycles from staggered cursors (every row flushes twice, at
     different steps), outputs and checkpoints equal to fp32 rounding at every
     step, the live ring entries bit-identical, the cursors identical."""
     L = 4
-    cfgs = [Cfg(P=24), Cfg(P=24, route="split", config=(("fold_dot", fold_dot),))]
+    cfgs = [Cfg(P=24), Cfg(P=24, route="split", config=knobs)]
+    fold_dot = dict(knobs).get("fold_dot", True)
     pools = [Pool(device, c, seed=3, S=6, L=L) for c in cfgs]
     for p in pools:  # stagger: fills 2, 1, 0 before the cycles
         p.step([5, -1, -1], MODE_DECODE)
@@ -753,7 +763,8 @@ def test_kernels_run_interpreted_without_cuda():
     from sglang_replayssm.kernels import cursors, projection
     assert os.environ.get("TRITON_INTERPRET") == "1"
     for fn in (m2._mamba2_replay_kernel, m2._mamba2_split_outputs_kernel,
-               m2._mamba2_split_fold_kernel, projection._projection_kernel,
+               m2._mamba2_split_fold_kernel, m2._mamba2_split_projection_kernel,
+               projection._projection_kernel,
                cursors._commit_kernel):
         assert isinstance(fn, InterpretedFunction)
 
