@@ -56,6 +56,10 @@ class SplitConfig(LaunchConfig):
                   itself (the tile it just read, this token from the inputs)
                   and there is no (C) launch, so the fold_* knobs above do not
                   apply; False: (A) is the plain projection and (C) folds
+    fold_cols     project_fold only: dstate / K columns folded at a time,
+                  re-read from L2 (power of 2, >= 16), so that the fold does
+                  not size (A)'s registers; 0 = the whole tile, kept in
+                  registers from the projection
     """
 
     out_heads: int = 1
@@ -67,6 +71,7 @@ class SplitConfig(LaunchConfig):
     fold_rows: int = 0
     fold_dot: bool = True
     project_fold: bool = False
+    fold_cols: int = 0
 
 
 def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
@@ -79,6 +84,8 @@ def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
           f"({heads_per_group})")
     check(cfg.fold_block & (cfg.fold_block - 1) == 0 and cfg.fold_rows & (cfg.fold_rows - 1) == 0,
           "SplitConfig.fold_block / fold_rows must be powers of 2")
+    check(cfg.fold_cols == 0 or (cfg.fold_cols >= 16 and cfg.fold_cols & (cfg.fold_cols - 1) == 0),
+          f"SplitConfig.fold_cols must be 0 or a power of 2 >= 16, got {cfg.fold_cols}")
     return cfg
 
 

@@ -47,8 +47,16 @@ wait on the cursor -> ring chain and no program carries the fold's registers:
 * (C) :func:`~sglang_replayssm.kernels.fold.split_fold_kernel` (shared with
   Mamba-2; u as the per-head rows, k as the per-group keys, g the log decay):
   persistent; folds the fill + 1 ring entries of the flushing rows only.
+
+With ``SplitConfig.project_fold`` (the default without a fold copy) (A) is
+``_gdn_split_projection_kernel``: the same projections, and on a row's flush
+step the fold of the tile it just read (u_t for its V rows computed there
+from h_c k_t and the ring), so there is no (C) and a flush step reads the
+checkpoint once.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 import triton
@@ -58,7 +66,7 @@ from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      check_live_cursors, check_pool, dot_precision, ring_positions, softplus,
                      split_config)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
-from .fold import gdn_recompute_values, launch_split_fold
+from .fold import fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
 
 __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "ROUTES",
@@ -259,6 +267,125 @@ def _gdn_replay_kernel(
 
 
 @triton.jit
+def _token_gates(a_t, b_t, A_log, dt_bias):
+    """This token's log decay g = -exp(A_log) softplus(a + dt_bias) and
+    beta = sigmoid(b), rounded to b's dtype (as the stock kernel)."""
+    g_t = -tl.exp(A_log.to(tl.float32)) * softplus(a_t.to(tl.float32) + dt_bias.to(tl.float32))
+    beta = tl.sigmoid(b_t.to(tl.float32)).to(b_t.dtype).to(tl.float32)
+    return g_t, beta
+
+
+@triton.jit
+def _corrected_value(v_t, beta, decay, hk_c, us, w, kk):
+    """u_t = beta (v_t - S k_t) with S k_t = decay h_c k_t + sum_s w_s (k_s . k_t) u_s:
+    hk_c = h_c k_t [BV]; us [S, BV] ring history; w [S] = exp(cum_t - cum_s)
+    on the history, 0 elsewhere; kk [S] = k_s . k_t."""
+    return beta * (v_t - (decay * hk_c + tl.sum(us * (w * kk)[:, None], axis=0)))
+
+
+@triton.jit
+def _gdn_split_projection_kernel(
+    ckpt_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
+    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, proj_ptr,
+    H, HV, K, V, buffer_len, capacity,
+    s_ck_slot, s_ck_head, s_ck_row,
+    s_kb_slot, s_kb_head, s_kb_pos,
+    s_ub_slot, s_ub_head, s_ub_pos,
+    s_gb_slot, s_gb_head,
+    s_qkv_row, s_a_row, s_b_row, s_pr_row, s_pr_j, s_pr_head,
+    BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    FOLD_COLS: tl.constexpr, USE_QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """(A) with the fold: one program per (row, v-head, BLOCK_R rows of V)
+    projects its checkpoint tile onto the raw q_t and k_t (proj[row, 0/1]),
+    and on the row's flush step (fill + 1 >= buffer_len) folds the history
+    and this token into the same tile and writes it back: a flush step reads
+    the checkpoint once, and the folds spread over the projection's grid.
+    This token's u_t for the tile's V rows is computed here (as (B) does,
+    from h_c k_t of the tile just read and the ring; (B), launched after,
+    appends its own u_t, which the flush then discards with the buffer).
+    FOLD_COLS as in the Mamba-2 kernel: 0 = fold the tile held in registers,
+    c = fold c key columns at a time, re-read from L2."""
+    pid_r = tl.program_id(0)
+    hv = tl.program_id(1)
+    row = tl.program_id(2)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    if slot < 0:  # padded row: its proj entries stay unwritten
+        return
+    hk = hv // (HV // H)
+    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_r = offs_r < V
+    mask_k = offs_k < K
+    m_rk = mask_r[:, None] & mask_k[None, :]
+    ck_off = slot * s_ck_slot + hv * s_ck_head + offs_r[:, None] * s_ck_row + offs_k[None, :]
+    # the tile's address depends on the slot only: issued right after it
+    h_in = tl.load(ckpt_ptr + ck_off, mask=m_rk, other=0.0)
+    row64 = row.to(tl.int64)
+    q_in = tl.load(qkv_ptr + row64 * s_qkv_row + hk * K + offs_k, mask=mask_k, other=0.0)
+    k_in = tl.load(qkv_ptr + row64 * s_qkv_row + H * K + hk * K + offs_k, mask=mask_k,
+                   other=0.0)
+    fill = tl.load(fill_ptr + slot)
+    h = h_in.to(tl.float32)
+    k_t = k_in.to(tl.float32)
+    proj_k = tl.sum(h * k_t[None, :], axis=1)
+    p_off = proj_ptr + row64 * s_pr_row + hv * s_pr_head + offs_r
+    tl.store(p_off, tl.sum(h * q_in.to(tl.float32)[None, :], axis=1), mask=mask_r)
+    tl.store(p_off + s_pr_j, proj_k, mask=mask_r)
+    if fill + 1 >= buffer_len:
+        origin = tl.load(origin_ptr + slot)
+        offs_s = tl.arange(0, BLOCK_S)
+        # positions [0, fill) = history in the ring, fill = this token
+        is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
+        ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+                     + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :], other=0.0)
+        us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
+                     + offs_r[None, :], mask=is_hist[:, None] & mask_r[None, :], other=0.0)
+        g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
+                      other=0.0)
+        v_t = tl.load(qkv_ptr + row64 * s_qkv_row + 2 * H * K + hv * V + offs_r, mask=mask_r,
+                      other=0.0).to(tl.float32)
+        g_t, beta = _token_gates(tl.load(a_ptr + row64 * s_a_row + hv),
+                                 tl.load(b_ptr + row64 * s_b_row + hv),
+                                 tl.load(A_log_ptr + hv), tl.load(dt_bias_ptr + hv))
+        n_k = 1.0
+        if USE_QK_L2NORM:  # as (B) and the fused kernel normalise it
+            n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
+        k_t = k_t / n_k
+        proj_k = proj_k / n_k
+        ks = ks.to(tl.float32)
+        us = us.to(tl.float32)
+        cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
+        total = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # cum at this token
+        w = tl.where(is_hist, tl.exp(tl.minimum(total - cum, 0.0)), 0.0)
+        u_t = _corrected_value(v_t, beta, tl.exp(total), proj_k, us, w,
+                               tl.sum(ks * k_t[None, :], axis=1))
+        us = tl.where(is_win[:, None], u_t[None, :], us)
+        upto = offs_s <= fill
+        ones = tl.where(upto, 1.0, 0.0)
+        if FOLD_COLS == 0:
+            ks = tl.where(is_win[:, None], k_t[None, :], ks)
+            h = fold_dot(h, us, ks, ones, cum, upto, total, DOT_PRECISION)
+            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rk)
+        else:
+            tile = slot * s_ck_slot + hv * s_ck_head + offs_r[:, None] * s_ck_row
+            k_ring = kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+            k_tok = qkv_ptr + row64 * s_qkv_row + H * K + hk * K
+            for c in tl.static_range(0, BLOCK_K, FOLD_COLS):
+                offs_c = c + tl.arange(0, FOLD_COLS)
+                mask_c = offs_c < K
+                m_rc = mask_r[:, None] & mask_c[None, :]
+                hc = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_rc, other=0.0)
+                kc = tl.load(k_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
+                             other=0.0)
+                kq = tl.load(k_tok + offs_c, mask=mask_c, other=0.0).to(tl.float32) / n_k
+                kc = tl.where(is_win[:, None], kq[None, :], kc.to(tl.float32))
+                hc = fold_dot(hc.to(tl.float32), us, kc, ones, cum, upto, total, DOT_PRECISION)
+                tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
+                         mask=m_rc)
+
+
+@triton.jit
 def _gdn_split_outputs_kernel(
     proj_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr, fill_ptr, origin_ptr,
     slot_ptr, qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
@@ -352,15 +479,12 @@ def _gdn_split_outputs_kernel(
             kq_t = tl.sum(k_t * q_t)
         v_t = v_in.to(tl.float32)
         us = us_in.to(tl.float32)                                            # [S, V]
-        g_t = -tl.exp(A_log.to(tl.float32)) * softplus(a_t.to(tl.float32)
-                                                        + dt_bias.to(tl.float32))
-        beta = tl.sigmoid(b_t.to(tl.float32)).to(b_t.dtype).to(tl.float32)
+        g_t, beta = _token_gates(a_t, b_t, A_log, dt_bias)
         cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
         cum_q = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # includes g_t: decay first
         w = tl.where(is_hist, tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)    # [S]
         decay = tl.exp(cum_q)
-        hk_t = decay * (proj_k / n_k) + tl.sum(us * (w * kk)[:, None], axis=0)
-        u_t = beta * (v_t - hk_t)
+        u_t = _corrected_value(v_t, beta, decay, proj_k / n_k, us, w, kk)
         o_t = decay * (proj_q / n_q * scale) + tl.sum(us * (w * kq)[:, None], axis=0) \
             + kq_t * u_t
         # a padded row outputs zeros (as the stock kernel); its pool is untouched
@@ -400,7 +524,8 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
         # programs per SM 310 vs 415 us (bf16), 652 vs 569 (fp32: 2 per SM)
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
                            out_warps=1 if batch >= 64 else 2,
-                           fold_per_sm=2 if state_dtype == torch.float32 else 3)
+                           fold_per_sm=2 if state_dtype == torch.float32 else 3,
+                           project_fold=True, fold_cols=32)
     return cfg
 
 
@@ -500,11 +625,17 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
     if route in SPLIT_ROUTES:
         # config first: a bad one is refused before any launch
-        cfg = split_config(config or default_config(V, K, checkpoint.dtype, batch, route=route),
-                           HV // H)
+        if config is None:
+            config = default_config(V, K, checkpoint.dtype, batch, route=route)
+            if has_fold:  # the fold copy's u is recomputed in (C)
+                config = dataclasses.replace(config, project_fold=False)
+        cfg = split_config(config, HV // H)
         check(not has_fold or cfg.fold_dot,
               "SplitConfig.fold_dot=False (the FMA fold) cannot recompute the corrected values "
               "for a fold copy")
+        check(not has_fold or not cfg.project_fold,
+              "SplitConfig.project_fold=True folds the u_t computed from the read copy: with "
+              "a fold copy (checkpoint_fold) use project_fold=False")
         if batch:
             _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                           mixed_qkv[:, 0], a[:, 0], b[:, 0], A_log, dt_bias, scale, out[:, 0],
@@ -560,9 +691,28 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     # [b, 2, H, K] (no copy), norms and scale applied in (B). torch.empty is
     # fine under CUDA graphs: the graph's private pool gives the same buffer
     # on every replay, and (B) reads only entries (A) wrote in the same step.
-    qk = mixed_qkv[:, :2 * H * K].unflatten(-1, (2, H, K))
-    proj = project_state(checkpoint, slot_ids, qk, heads_per_group=hpg,
-                         config=LaunchConfig(cfg.block, cfg.num_warps))
+    BLOCK_K = max(16, triton.next_power_of_2(K))
+    if cfg.project_fold:  # (A) folds the flushing rows too: no (C)
+        proj = torch.empty((batch, 2, HV, V), dtype=torch.float32, device=checkpoint.device)
+        _gdn_split_projection_kernel[(triton.cdiv(V, cfg.block), HV, batch)](
+            checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
+            mixed_qkv, a, b, A_log, dt_bias, proj,
+            H, HV, K, V, buffer_len, u_buffer.shape[2],
+            checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
+            k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
+            u_buffer.stride(0), u_buffer.stride(1), u_buffer.stride(2),
+            g_buffer.stride(0), g_buffer.stride(1),
+            mixed_qkv.stride(0), a.stride(0), b.stride(0),
+            proj.stride(0), proj.stride(1), proj.stride(2),
+            BLOCK_S=BLOCK_S, BLOCK_R=cfg.block, BLOCK_K=BLOCK_K,
+            FOLD_COLS=min(cfg.fold_cols, BLOCK_K) if cfg.fold_cols else 0,
+            USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(),
+            num_warps=cfg.num_warps,
+        )
+    else:
+        qk = mixed_qkv[:, :2 * H * K].unflatten(-1, (2, H, K))
+        proj = project_state(checkpoint, slot_ids, qk, heads_per_group=hpg,
+                             config=LaunchConfig(cfg.block, cfg.num_warps))
 
     # (B) outputs + append (every live row, flush step included)
     has_fold = checkpoint_fold is not None
@@ -584,6 +734,8 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         num_warps=cfg.out_warps,
     )
 
+    if cfg.project_fold:
+        return
     # (C) fold the rows whose decode flush rule fires (the others: a cursor
     # scan): u as the per-head rows, k as the per-group keys, g the log decay;
     # with a fold copy the raw v and beta, u recomputed from the precise copy

@@ -27,17 +27,22 @@ writes. One program handles (row, head, BLOCK_P slice of headdim); all P
 slices of a head and all heads of a group share their B/C reads through L2.
 
 Decode also has the ``split`` route (benchmarks/NOTES.md, design A/B/C):
-three launches per step, so that the checkpoint read does not wait on the
-cursor -> ring chain and no program carries the fold's registers:
+two or three launches per step, so that the checkpoint read does not wait
+on the cursor -> ring chain and the outputs' programs carry no state tile:
 
-* (A) :func:`~sglang_replayssm.kernels.projection.project_state`:
-  proj = h_c C_q (fp32 scratch [b, H, P]), slot -> state tile -> reduce;
+* (A) ``_mamba2_split_projection_kernel`` (``SplitConfig.project_fold``,
+  the default): proj = h_c C_q (fp32 scratch [b, H, P]), slot -> state tile
+  -> reduce, and on a row's flush step the fold of that tile (history from
+  the ring, this token from the inputs), written back: one checkpoint read
+  per step, flush step included. Without project_fold, (A) is the plain
+  :func:`~sglang_replayssm.kernels.projection.project_state` and (C) folds;
 * (B) ``_mamba2_split_outputs_kernel``: y from proj, the cursors and the
   ring, then appends the token (x, B, dt) at position ``fill`` -- always, the
   flushing token too (decode capacity is buffer_len, so the entry exists);
-* (C) :func:`~sglang_replayssm.kernels.fold.split_fold_kernel` (shared with
-  GDN): persistent; folds the fill + 1 ring
-  entries of the rows whose flush rule fires, all others cost a cursor scan.
+* (C) (project_fold=False only)
+  :func:`~sglang_replayssm.kernels.fold.split_fold_kernel` (shared with
+  GDN): persistent; folds the fill + 1 ring entries of the rows whose flush
+  rule fires, all others cost a cursor scan.
 
 The checkpoint and the ring end each step exactly as with the fused kernel
 (up to fp32 rounding), except that a decode flush leaves its token in a ring
@@ -294,17 +299,22 @@ def _mamba2_split_projection_kernel(
     s_B_row, s_B_group, s_C_row, s_C_group,
     s_pr_row, s_pr_head, s_A, s_dtb,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_FOLD_COPY: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    FOLD_COLS: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, head, BLOCK_P rows of headdim)
     computes proj = h_c C_q from its checkpoint tile and, on the row's flush
     step (fill + 1 >= buffer_len), folds the history and this token into the
-    same tile and writes it back. The fold reuses the tile the projection
-    read, so a flush step reads the checkpoint once, not twice (projection,
-    then the persistent fold (C)), and the folds of a step spread over the
-    projection's whole grid. This token's (x, B, dt) come from the call's
-    inputs: (B), launched after, appends them to the ring."""
+    same tile and writes it back. A flush step thus reads the checkpoint
+    once, not twice (projection, then the persistent fold (C)), and the folds
+    of a step spread over the projection's whole grid. This token's (x, B,
+    dt) come from the call's inputs: (B), launched after, appends them.
+
+    FOLD_COLS = 0 folds the tile the projection holds in registers (the
+    fold's dot, its operands and the tile size every program, flushing or
+    not); FOLD_COLS = c folds c dstate columns at a time, re-read from L2
+    (the projection's tile is dead by then, so the fold does not raise the
+    kernel's register count above the projection's)."""
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
     row = tl.program_id(2)
@@ -317,9 +327,9 @@ def _mamba2_split_projection_kernel(
     mask_p = offs_p < headdim
     mask_n = offs_n < dstate
     m_pn = mask_p[:, None] & mask_n[None, :]
-    ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p + offs_n[None, :]
+    tile = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p  # [BLOCK_P, 1]
     # the tile's address depends on the slot only: issued right after it
-    h_in = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0)
+    h_in = tl.load(ckpt_ptr + tile + offs_n[None, :], mask=m_pn, other=0.0)
     row64 = row.to(tl.int64)
     C_q = tl.load(C_ptr + row64 * s_C_row + group * s_C_group + offs_n, mask=mask_n,
                   other=0.0).to(tl.float32)
@@ -331,19 +341,21 @@ def _mamba2_split_projection_kernel(
         offs_s = tl.arange(0, BLOCK_S)
         # positions [0, fill) = history in the ring, fill = this token
         is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
-        if HAS_FOLD_COPY:  # the fold copy is the precise one
-            h = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
-        else:
-            h = h_in
+        b_ring = bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
+        b_tok = B_ptr + row64 * s_B_row + group * s_B_group
+        if FOLD_COLS == 0:
+            if HAS_FOLD_COPY:  # the fold copy is the precise one
+                h = tl.load(fold_ptr + tile + offs_n[None, :], mask=m_pn, other=0.0)
+            else:
+                h = h_in
+            Bs = tl.load(b_ring + offs_n[None, :], mask=is_hist[:, None] & mask_n[None, :],
+                         other=0.0)
+            B_q = tl.load(b_tok + offs_n, mask=mask_n, other=0.0)
         dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring,
                        mask=is_hist, other=0.0)
         xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
                      + offs_p[None, :], mask=is_hist[:, None] & mask_p[None, :], other=0.0)
-        Bs = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
-                     + offs_n[None, :], mask=is_hist[:, None] & mask_n[None, :], other=0.0)
         x_q = tl.load(x_ptr + row64 * s_x_row + head * s_x_head + offs_p, mask=mask_p, other=0.0)
-        B_q = tl.load(B_ptr + row64 * s_B_row + group * s_B_group + offs_n, mask=mask_n,
-                      other=0.0)
         dt_q = tl.load(dt_ptr + row64 * s_dt_row + head * s_dt_head).to(tl.float32)
         A = tl.load(A_ptr + head * s_A).to(tl.float32)
         if HAS_DT_BIAS:
@@ -352,14 +364,36 @@ def _mamba2_split_projection_kernel(
             dt_q = softplus(dt_q)
         dt = tl.where(is_hist, dt_h, tl.where(is_win, dt_q, 0.0))
         xs = tl.where(is_win[:, None], x_q.to(tl.float32)[None, :], xs.to(tl.float32))
-        Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
         cum = tl.cumsum(dt * A, axis=0)
         upto = offs_s <= fill
         total = tl.sum(tl.where(upto, dt * A, 0.0), axis=0)
-        h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
-        tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
-        if HAS_FOLD_COPY:
-            tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+        if FOLD_COLS == 0:
+            Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
+            h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
+            tl.store(ckpt_ptr + tile + offs_n[None, :], h.to(ckpt_ptr.dtype.element_ty),
+                     mask=m_pn)
+            if HAS_FOLD_COPY:
+                tl.store(fold_ptr + tile + offs_n[None, :], h.to(fold_ptr.dtype.element_ty),
+                         mask=m_pn)
+        else:
+            for c in tl.static_range(0, BLOCK_N, FOLD_COLS):
+                offs_c = c + tl.arange(0, FOLD_COLS)
+                mask_c = offs_c < dstate
+                m_pc = mask_p[:, None] & mask_c[None, :]
+                if HAS_FOLD_COPY:
+                    h = tl.load(fold_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
+                else:
+                    h = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
+                Bs = tl.load(b_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
+                             other=0.0)
+                B_q = tl.load(b_tok + offs_c, mask=mask_c, other=0.0)
+                Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
+                h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
+                tl.store(ckpt_ptr + tile + offs_c[None, :], h.to(ckpt_ptr.dtype.element_ty),
+                         mask=m_pc)
+                if HAS_FOLD_COPY:
+                    tl.store(fold_ptr + tile + offs_c[None, :],
+                             h.to(fold_ptr.dtype.element_ty), mask=m_pc)
 
 
 @triton.jit
@@ -496,7 +530,7 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
         two = batch >= 64 and heads_per_group % 2 == 0
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
                            out_heads=2 if two else 1, out_warps=1 if batch >= 16 else 2,
-                           fold_per_sm=3)
+                           fold_per_sm=3, project_fold=True, fold_cols=32)
     return cfg
 
 
@@ -647,9 +681,12 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
                   x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, buffer_len, checkpoint_fold,
                   config, BLOCK_S):
     """The split decode step on checked tensors: x/z/out [b, H, P], dt [b, H],
-    B/C [b, G, N], A/D/dt_bias [H] (or None). Three launches on the current
-    stream, in this order: (A) reads the checkpoint before (C) writes it, and
-    (B) appends the token to the ring before (C) folds it from there."""
+    B/C [b, G, N], A/D/dt_bias [H] (or None). Launches on the current stream,
+    in this order: (A) (with project_fold: projects and folds each tile it
+    reads; (B) reads only the projection and the ring history, which (A)
+    does not write), (B), and without project_fold (C): (A) reads the
+    checkpoint before (C) writes it, and (B) appends the token to the ring
+    before (C) folds it from there."""
     num_slots, H, P, N = checkpoint.shape
     G = B_buffer.shape[1]
     cap = x_buffer.shape[2]
@@ -681,6 +718,7 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
             proj.stride(0), proj.stride(1), A.stride(0),
             dt_bias.stride(0) if dt_bias is not None else 0,
             BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
+            FOLD_COLS=min(cfg.fold_cols, BLOCK_N) if cfg.fold_cols else 0,
             HAS_FOLD_COPY=checkpoint_fold is not None, HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=dt_softplus, DOT_PRECISION=dot_precision(), num_warps=cfg.num_warps,
         )

@@ -77,12 +77,15 @@ def mamba2():
                         "out_ptr": "*fp32"},
                        {"NUM_VEC": 1, "BLOCK_R": block, "BLOCK_K": N}, nw)
     for sdt, ptr in state.items():
-        for block in (16, 32, 64):
-            for nw in (2, 4, 8):
-                report(f"(A) projection + fold {sdt} block={block}",
-                       m2._mamba2_split_projection_kernel, dict(act, ckpt_ptr=ptr, fold_ptr=ptr),
-                       {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "HAS_FOLD_COPY": False,
-                        "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "DOT_PRECISION": "tf32x3"}, nw)
+        for cols in (0, 32):
+            for block in (16, 32, 64):
+                for nw in (2, 4, 8):
+                    report(f"(A) projection + fold {sdt} fold_cols={cols} block={block}",
+                           m2._mamba2_split_projection_kernel,
+                           dict(act, ckpt_ptr=ptr, fold_ptr=ptr),
+                           {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "FOLD_COLS": cols,
+                            "HAS_FOLD_COPY": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
+                            "DOT_PRECISION": "tf32x3"}, nw)
     for heads in (1, 4, 16):
         for nw in (1, 2, 4):
             report(f"(B) outputs out_heads={heads}", m2._mamba2_split_outputs_kernel, act,
@@ -116,6 +119,13 @@ def gdn_split():
                        {"state_ptr": ptr, "slot_ptr": "*i32", "vec_ptr": "*bf16",
                         "out_ptr": "*fp32"},
                        {"NUM_VEC": 2, "BLOCK_R": block, "BLOCK_K": K}, nw)
+        for cols in (0, 32):
+            for block in (16, 32, 64):
+                for nw in (2, 4, 8):
+                    report(f"GDN (A) projection + fold {sdt} fold_cols={cols} block={block}",
+                           gdn._gdn_split_projection_kernel, dict(ring, ckpt_ptr=ptr),
+                           {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": K, "FOLD_COLS": cols,
+                            "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3"}, nw)
         for heads in (1, 2):
             for nw in (1, 2, 4):
                 report(f"GDN (B) outputs u ring {sdt} out_heads={heads}",

@@ -38,7 +38,8 @@ def _check_interpreter():
         for attr in ("_mamba2_replay_kernel", "_mamba2_split_outputs_kernel",
                      "_mamba2_split_fold_kernel", "_mamba2_split_projection_kernel",
                      "_projection_kernel", "_commit_kernel",
-                     "split_fold_kernel", "_gdn_replay_kernel", "_gdn_split_outputs_kernel"):
+                     "split_fold_kernel", "_gdn_replay_kernel", "_gdn_split_outputs_kernel",
+                     "_gdn_split_projection_kernel"):
             fn = getattr(mod, attr, None)
             if fn is not None and not isinstance(fn, InterpretedFunction):
                 raise RuntimeError(

@@ -42,6 +42,11 @@ ROUTES = {
     "split_pairs_fma": ("split", split(out_heads=2, fold_dot=False, fold_programs=1)),
     "split_halves_chunks": ("split", split(out_heads=2, fold_block=16, fold_rows=2,
                                            fold_programs=3)),
+    # the fold inside the projection (A), no (C): a whole-V tile, and half-V
+    # tiles (two (A) programs per v-head fold their halves) with v-head pairs
+    "split_project_fold": ("split", split(project_fold=True)),
+    "split_project_fold_halves": ("split", SplitConfig(block=16, num_warps=2, out_heads=2,
+                                                       project_fold=True)),
 }
 
 
@@ -159,7 +164,8 @@ def decode_steps(pool, slots, steps, check=True):
 # (ratio, route): every GVA ratio on the fused kernel and on the split route,
 # the split knobs spread over the ratios (out_heads=2 needs ratio >= 2)
 STAGGER_CASES = [(r, "fused") for r in (1, 2, 4)] + [
-    (1, "split"), (2, "split_pairs_fma"), (4, "split_halves_chunks")]
+    (1, "split"), (2, "split_pairs_fma"), (4, "split_halves_chunks"),
+    (1, "split_project_fold"), (2, "split_project_fold_halves"), (4, "split_project_fold")]
 
 
 @pytest.mark.parametrize("ratio,route", STAGGER_CASES, ids=[f"{r}-{n}" for r, n in STAGGER_CASES])
@@ -181,7 +187,7 @@ def test_decode_across_flushes_staggered_and_padded(device, ratio, route):
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), n
 
 
-@pytest.mark.parametrize("route", ["fused", "split", "split_pairs_fma"])
+@pytest.mark.parametrize("route", ["fused", "split", "split_pairs_fma", "split_project_fold"])
 @pytest.mark.parametrize("state,ring", [(BF16, BF16), (F32, BF16)], ids=["bf16", "f32-bf16ring"])
 def test_bf16_state_and_rings(device, state, ring, route):
     pool = Pool(device, state=state, ring=ring, L=4, seed=3, route=route)
@@ -233,12 +239,13 @@ def test_flush_only_then_decode(device, route):
     decode_steps(pool, slots, 7)
 
 
-def test_split_decode_after_verify_wrapped_ring(device):
+@pytest.mark.parametrize("route", ["split_pairs_fma", "split_project_fold_halves"])
+def test_split_decode_after_verify_wrapped_ring(device, route):
     """Split decode on a pool the fused kernel verified: a verify flush moves
     origin (4 of a 6-entry ring), so the split kernels' ring reads and their
     append wrap around; then >= 1 decode flush per row through (C)."""
     T, L = 2, 5
-    pool = Pool(device, L=L, T=T, seed=8, route="split_pairs_fma")
+    pool = Pool(device, L=L, T=T, seed=8, route=route)
     slots = torch.tensor([4, 1], dtype=torch.int32, device=device)
     acc = torch.full((2,), T, dtype=torch.int32, device=device)
     for _ in range(3):  # fills 0 -> 2 -> 4 -> flush: fill 2, origin 4
@@ -254,7 +261,7 @@ def test_split_decode_after_verify_wrapped_ring(device):
     assert decode_steps(pool, slots, 4) >= 2
 
 
-@pytest.mark.parametrize("route", ["fused", "split"])
+@pytest.mark.parametrize("route", ["fused", "split", "split_project_fold"])
 @pytest.mark.parametrize("target", ["u", "k", "g"])
 def test_corrupted_ring_entry_is_caught(device, route, target):
     """Teeth: one corrupted ring entry (a corrected value, a key, a log decay)
@@ -272,8 +279,9 @@ def test_corrupted_ring_entry_is_caught(device, route, target):
         decode_steps(pool, slots, 1)
 
 
-@pytest.mark.parametrize("knobs", [dict(), dict(out_heads=2, fold_dot=False)],
-                         ids=["dot", "pairs_fma"])
+@pytest.mark.parametrize("knobs", [dict(), dict(out_heads=2, fold_dot=False),
+                                   dict(project_fold=True)],
+                         ids=["dot", "pairs_fma", "project_fold"])
 def test_split_matches_fused_over_two_cycles(device, knobs):
     """The split route against the fused one on the same pool and inputs: two
     full buffer cycles from staggered cursors (every row flushes twice, at
@@ -314,6 +322,18 @@ def test_split_matches_fused_over_two_cycles(device, knobs):
                 x, y = getattr(pools[0], n)[s][:, live], getattr(pools[1], n)[s][:, live]
                 assert not live or rel(y, x) <= tol, f"step {step}: {n} of slot {s}"
     assert int((pools[0].fill[slots] == 0).sum()) >= 1
+
+
+@pytest.mark.parametrize("state,cols", [(F32, 16), (BF16, 32)])
+def test_project_fold_in_column_chunks(device, state, cols):
+    """The projection's fold over K in chunks re-read from memory (fold_cols):
+    K=48 (BLOCK_K 64) in chunks of 16 (the last one masked) or 32, staggered
+    cursors, a padded row, >= 2 flushes per row."""
+    pool = Pool(device, K=48, L=4, seed=23, state=state, ring=state, route="split")
+    pool.config = SplitConfig(block=16, num_warps=2, project_fold=True, fold_cols=cols)
+    decode_steps(pool, torch.tensor([3], dtype=torch.int32, device=device), 2)  # stagger
+    slots = torch.tensor([3, -1, 1], dtype=torch.int32, device=device)
+    assert decode_steps(pool, slots, 9) >= 2 * 2
 
 
 # Dual precision: bf16 read copy + fp32 fold copy; k in fp32 (the fold needs
@@ -408,6 +428,10 @@ def test_fold_copy_bad_input_is_rejected(device):
         gdn_replay_decode(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
                           pool.scale, buffer_len=4, num_k_heads=pool.H, route="split",
                           config=split(fold_dot=False), **pool.fold_kw())
+    with pytest.raises(ValueError, match="project_fold=True folds the u_t"):
+        gdn_replay_decode(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
+                          pool.scale, buffer_len=4, num_k_heads=pool.H, route="split",
+                          config=split(project_fold=True), **pool.fold_kw())
 
 
 def test_bad_input_is_rejected(device):
@@ -471,7 +495,8 @@ def test_gdn_kernels_run_interpreted_without_cuda():
     from triton.runtime.interpreter import InterpretedFunction
     from sglang_replayssm.kernels import fold
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    for fn in (gdn._gdn_replay_kernel, gdn._gdn_split_outputs_kernel, fold.split_fold_kernel):
+    for fn in (gdn._gdn_replay_kernel, gdn._gdn_split_outputs_kernel,
+               gdn._gdn_split_projection_kernel, fold.split_fold_kernel):
         assert isinstance(fn, InterpretedFunction)
 
 

@@ -408,6 +408,24 @@ def test_dual_precision_fold_copy(device, route, config):
     assert all(pool.flushes.get(s, 0) >= 3 for s in slots), pool.flushes
 
 
+@pytest.mark.parametrize("cfg", [
+    Cfg(P=24, route="split", config=PROJECT_FOLD + (("fold_cols", 16),)),
+    Cfg(P=40, state=BF16, fold=True, layout="sglang", route="split",
+        config=PROJECT_FOLD + (("fold_cols", 32), BP16)),
+], ids=lambda c: c.id)
+def test_project_fold_in_column_chunks(device, cfg):
+    """The projection's fold over dstate in chunks re-read from memory
+    (fold_cols): N=48 (BLOCK_N 64) in chunks of 16 (the last one masked) or
+    32, every fill level, >= 2 flushes per row, staggered, one padded row."""
+    L = 4
+    pool = Pool(device, cfg, seed=21, S=6, L=L, N=48)
+    pool.step([2, -1], MODE_DECODE)  # stagger
+    slots = [2, -1, 5]
+    for step in range(2 * L + 1):
+        pool.step(slots, MODE_DECODE, what=f"step {step}")
+    assert all(pool.flushes.get(s, 0) >= 2 for s in (2, 5)), pool.flushes
+
+
 @pytest.mark.parametrize("knobs", [(("fold_dot", True),), (("fold_dot", False),), PROJECT_FOLD],
                          ids=["dot", "fma", "project_fold"])
 def test_split_matches_fused_over_a_cycle(device, knobs):
