@@ -49,6 +49,9 @@ import time
 import urllib.error
 import urllib.request
 
+# the flag vocabulary of the replayssm arm, from the package it serves with
+from sglang_replayssm.config import CHECKPOINT_DTYPES, DECODE_ROUTES, DUMMY_INIT_ENV
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_PARTIAL_DIR = os.path.join(REPO, "benchmarks", "results", "partial")
 DEFAULT_RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
@@ -73,7 +76,6 @@ STOCK_ARM_FLAGS = {
 }
 REPLAY_ARM = "replayssm"
 SGLANG_REPLAY_ARM = "sglang-replay"  # GDN only: SGLang's built-in ReplaySSM
-CHECKPOINT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 GDN_ARCHITECTURES = {"Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"}
 
 T0 = time.monotonic()
@@ -103,8 +105,6 @@ def arms_for(family: str) -> list[str]:
         arms.append(SGLANG_REPLAY_ARM)
     return arms + [REPLAY_ARM]
 
-
-DECODE_ROUTES = ("auto", "output_only", "split")
 
 
 def split_arm(arm: str, decode_route: str = "auto") -> tuple[str, str]:
@@ -285,7 +285,6 @@ def parse_generate_outputs(response) -> list[dict]:
 # Below this spread of the stock greedy logprobs the logits are flat (SGLang's
 # dummy init gives -ln(vocab) everywhere) and a parity comparison is vacuous.
 FLAT_LOGPROB_SPREAD = 1e-3
-DUMMY_INIT_ENV = "SGLANG_REPLAYSSM_DUMMY_INIT"  # read by sglang_replayssm.plugin
 
 
 def compare_parity(stock: dict, replay: dict, *, model: str, checkpoint_dtype: str) -> dict:

@@ -19,6 +19,9 @@ CHECKPOINT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 FOLD_DTYPES = (None, "float32")
 # auto: the kernels' default_route(batch) (measured: split from batch 64 (Mamba-2) / 8 (GDN))
 DECODE_ROUTES = ("auto", "output_only", "split")
+# Test knob, read by sglang_replayssm.plugin in every process, stock or not:
+# "scaled" = dummy weights at trained-model scale (sglang_replayssm.dummy_init).
+DUMMY_INIT_ENV = ENV_PREFIX + "DUMMY_INIT"
 
 
 @dataclasses.dataclass(frozen=True)

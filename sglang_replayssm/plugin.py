@@ -21,13 +21,13 @@ def register() -> None:
     if _registered:
         return
     from sglang_replayssm import sglang_hooks
-    from sglang_replayssm.config import ReplayConfig
+    from sglang_replayssm.config import DUMMY_INIT_ENV, ReplayConfig
 
     sglang_hooks.check_sglang_version()
     sglang_hooks.install_cli_hooks()
-    dummy_init = os.environ.get(sglang_hooks.DUMMY_INIT_ENV, "")
+    dummy_init = os.environ.get(DUMMY_INIT_ENV, "")
     if dummy_init not in ("", "sglang", "scaled"):
-        raise ValueError(f"{sglang_hooks.DUMMY_INIT_ENV} must be 'scaled' or 'sglang', "
+        raise ValueError(f"{DUMMY_INIT_ENV} must be 'scaled' or 'sglang', "
                          f"got {dummy_init!r}")
     if dummy_init == "scaled":
         sglang_hooks.install_dummy_init_hook()

@@ -11,7 +11,8 @@ import argparse
 import logging
 import os
 
-from sglang_replayssm.config import CHECKPOINT_DTYPES, DECODE_ROUTES, FAMILY_ENV, ReplayConfig
+from sglang_replayssm.config import (CHECKPOINT_DTYPES, DECODE_ROUTES, DUMMY_INIT_ENV, FAMILY_ENV,
+                                     ReplayConfig)
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -252,9 +253,6 @@ def install_replay_hooks(config: ReplayConfig) -> None:
 # in every process that has SGLANG_REPLAYSSM_DUMMY_INIT=scaled, stock or not,
 # so both arms of a parity comparison get the same weights.
 # --------------------------------------------------------------------------
-
-DUMMY_INIT_ENV = "SGLANG_REPLAYSSM_DUMMY_INIT"
-
 
 def install_dummy_init_hook() -> None:
     from sglang.srt.model_loader import loader

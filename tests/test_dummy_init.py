@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+from sglang_replayssm import config
 from sglang_replayssm.dummy_init import WEIGHT_STD, scaled_dummy_weights
 
 
@@ -53,7 +54,7 @@ def test_hook_replaces_and_restores_sglang_init(monkeypatch):
 
     stock = loader.initialize_dummy_weights
     monkeypatch.setattr(plugin, "_registered", False)
-    monkeypatch.setenv(sglang_hooks.DUMMY_INIT_ENV, "scaled")
+    monkeypatch.setenv(config.DUMMY_INIT_ENV, "scaled")
     monkeypatch.delenv("SGLANG_REPLAYSSM_ENABLED", raising=False)
     try:
         plugin.register()
@@ -65,7 +66,7 @@ def test_hook_replaces_and_restores_sglang_init(monkeypatch):
         sglang_hooks.uninstall_all()
     assert loader.initialize_dummy_weights is stock
     monkeypatch.setattr(plugin, "_registered", False)
-    monkeypatch.setenv(sglang_hooks.DUMMY_INIT_ENV, "large")
+    monkeypatch.setenv(config.DUMMY_INIT_ENV, "large")
     with pytest.raises(ValueError, match="SGLANG_REPLAYSSM_DUMMY_INIT must be"):
         plugin.register()
     sglang_hooks.uninstall_all()
