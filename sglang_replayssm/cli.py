@@ -161,44 +161,72 @@ def _check_plugin():
                  registered=False)
 
 
-class _Pool:
-    """A small Mamba-2 ReplaySSM pool plus the float64 eager state it must track.
+class _CheckPool:
+    """What both families' check pools share: 3 slots, rows using slots
+    [2, -1, 0] (2 live rows, 1 padded row, so the checks cover slot
+    indirection and padding too), seeded inputs, and the comparisons against
+    the float64 eager state ``self.state``. Every tensor, the reference state
+    included, lives on ``device`` (the references run on any device)."""
 
-    Pool of 3 slots; rows use slots [2, -1, 0] (2 live rows, 1 padded row),
-    so the checks cover slot indirection and padding too.
-    """
+    S = 3
 
-    H, P, N, G = 4, 16, 16, 2
-
-    def __init__(self, device, buffer_len, window=1, seed=0):
+    def __init__(self, device, buffer_len, window, seed):
         import torch
 
         from .kernels.cursors import required_capacity
 
-        self.torch = torch
-        self.dev = device
-        self.L = buffer_len
+        self.torch, self.dev, self.L = torch, device, buffer_len
         self.cap = required_capacity(buffer_len, window)
         self.gen = torch.Generator().manual_seed(seed)
-        H, P, N, G, S = self.H, self.P, self.N, self.G, 3
-        self.S = S
         self.slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
         self.live = self.slots >= 0
         self.live_slots = self.slots[self.live].long()
-        self.ckpt = self._randn(S, H, P, N) * 0.5
-        self.state = self.ckpt.double().clone()          # eager float64 reference state
-        self.xb = torch.zeros(S, H, self.cap, P, device=device)
-        self.Bb = torch.zeros(S, G, self.cap, N, device=device)
-        self.db = torch.zeros(S, H, self.cap, device=device)
-        self.fill = torch.zeros(S, dtype=torch.int32, device=device)
-        self.origin = torch.zeros(S, dtype=torch.int32, device=device)
-        self.A = -torch.exp(torch.rand(H, generator=self.gen) * math.log(4.0)).to(device)
-        self.D = self._randn(H)
-        self.dt_bias = self._randn(H) * 0.3
-        self.pad_before = [t[1].clone() for t in (self.ckpt, self.xb, self.Bb, self.db)]
+        self.fill = torch.zeros(self.S, dtype=torch.int32, device=device)
+        self.origin = torch.zeros(self.S, dtype=torch.int32, device=device)
 
     def _randn(self, *shape):
         return self.torch.randn(*shape, generator=self.gen).to(self.dev)
+
+    def _zeros(self, *shape):
+        return self.torch.zeros(*shape, device=self.dev)
+
+    def rel(self, y, y_ref):
+        """max |y - y_ref| / max |y_ref| over the live rows."""
+        y = y[self.live].double()
+        r = y_ref[self.live].double()
+        return (y - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+
+    def _state_rel(self, recurrence_copy):
+        c = recurrence_copy[self.live_slots].double()
+        r = self.state[self.live_slots]
+        return (c - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+
+    def padded_untouched(self) -> bool:
+        now = [t[1] for t in self._padded_views()]
+        return all(bool(self.torch.equal(a, b)) for a, b in zip(self.pad_before, now))
+
+
+class _Mamba2Pool(_CheckPool):
+    """A small Mamba-2 ReplaySSM pool plus the float64 eager state it must track."""
+
+    H, P, N, G = 4, 16, 16, 2
+
+    def __init__(self, device, buffer_len, window=1, seed=0):
+        super().__init__(device, buffer_len, window, seed)
+        H, P, N, G, S = self.H, self.P, self.N, self.G, self.S
+        self.ckpt = self._randn(S, H, P, N) * 0.5
+        self.state = self.ckpt.double().clone()          # eager float64 reference state
+        self.xb = self._zeros(S, H, self.cap, P)
+        self.Bb = self._zeros(S, G, self.cap, N)
+        self.db = self._zeros(S, H, self.cap)
+        self.A = -self.torch.exp(self.torch.rand(H, generator=self.gen)
+                                 * math.log(4.0)).to(device)
+        self.D = self._randn(H)
+        self.dt_bias = self._randn(H) * 0.3
+        self.pad_before = [t[1].clone() for t in self._padded_views()]
+
+    def _padded_views(self):
+        return (self.ckpt, self.xb, self.Bb, self.db)
 
     def inputs(self, T=None):
         b, H, P, N, G = self.slots.shape[0], self.H, self.P, self.N, self.G
@@ -221,20 +249,8 @@ class _Pool:
             D=self.D, z=pick(inp["z"]) if use_z else None, dt_bias=self.dt_bias,
             state_batch_indices=self.slots)
 
-    def rel(self, y, y_ref):
-        """max |y - y_ref| / max |y_ref| over the live rows."""
-        y = y[self.live].double()
-        r = y_ref[self.live].double()
-        return (y - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
-
     def state_rel(self):
-        c = self.ckpt[self.live_slots].double()
-        r = self.state[self.live_slots]
-        return (c - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
-
-    def padded_untouched(self) -> bool:
-        now = [t[1] for t in (self.ckpt, self.xb, self.Bb, self.db)]
-        return all(bool(self.torch.equal(a, b)) for a, b in zip(self.pad_before, now))
+        return self._state_rel(self.ckpt)
 
 
 def _kc_cursors(device):
@@ -268,7 +284,7 @@ def _kc_cursors(device):
 def _kc_decode(device, route):
     from .kernels.cursors import MODE_DECODE, commit
     from .kernels.mamba2_replay import mamba2_replay_decode
-    p = _Pool(device, buffer_len=4, seed=2)
+    p = _Mamba2Pool(device, buffer_len=4, seed=2)
     steps = 2 * p.L
     err = 0.0
     for step in range(steps):
@@ -324,7 +340,7 @@ def _kc_verify(device, route):
     from .kernels.mamba2_replay import (mamba2_replay_decode, mamba2_replay_flush,
                                         mamba2_replay_verify)
     T = 2
-    p = _Pool(device, buffer_len=5, window=T, seed=3)
+    p = _Mamba2Pool(device, buffer_len=5, window=T, seed=3)
     inp = p.inputs()
     mamba2_replay_decode(*p.pool(), inp["x"], inp["dt"], p.A, inp["B"], inp["C"], z=inp["z"],
                          route=route, **p.kw())
@@ -347,7 +363,7 @@ def _kc_verify(device, route):
 def _kc_flush(device):
     from .kernels.cursors import MODE_DECODE, MODE_FLUSH, commit
     from .kernels.mamba2_replay import mamba2_replay_decode, mamba2_replay_flush
-    p = _Pool(device, buffer_len=4, seed=4)
+    p = _Mamba2Pool(device, buffer_len=4, seed=4)
 
     def step():
         inp = p.inputs()
@@ -369,42 +385,32 @@ def _kc_flush(device):
                   f"outputs around it {err:.1e} (max rel err)"), max(err, serr)
 
 
-class _GDNPool:
+class _GDNPool(_CheckPool):
     """A small Gated DeltaNet ReplaySSM pool plus its float64 eager state:
-    1 k-head, 2 v-heads (GVA 2), K = V = 16, 3 slots, rows [2, -1, 0].
+    1 k-head, 2 v-heads (GVA 2), K = V = 16.
     fold=True: a bf16 read copy and an fp32 fold copy (dual precision)."""
 
     H, HV, K, V = 1, 2, 16, 16
 
     def __init__(self, device, buffer_len, window=1, seed=0, fold=False):
-        import torch
-
-        from .kernels.cursors import required_capacity
-
-        self.torch, self.dev, self.L = torch, device, buffer_len
-        self.cap = required_capacity(buffer_len, window)
-        self.gen = torch.Generator().manual_seed(seed)
-        H, HV, K, V, S = self.H, self.HV, self.K, self.V, 3
-        self.slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
-        self.live = self.slots >= 0
-        self.live_slots = self.slots[self.live].long()
+        super().__init__(device, buffer_len, window, seed)
+        H, HV, K, V, S = self.H, self.HV, self.K, self.V, self.S
         h0 = self._randn(S, HV, V, K) * 0.3
         self.state = h0.double().clone()                  # eager float64 reference state
         self.fold = h0.clone() if fold else None
-        self.ckpt = h0.to(torch.bfloat16) if fold else h0
-        self.kb = torch.zeros(S, H, self.cap, K, device=device)
-        self.ub = torch.zeros(S, HV, self.cap, V, device=device)
-        self.gb = torch.zeros(S, HV, self.cap, device=device)
-        self.vb = torch.zeros(S, HV, self.cap, V, device=device) if fold else None
-        self.bb = torch.zeros(S, HV, self.cap, device=device) if fold else None
-        self.fill = torch.zeros(S, dtype=torch.int32, device=device)
-        self.origin = torch.zeros(S, dtype=torch.int32, device=device)
+        self.ckpt = h0.to(self.torch.bfloat16) if fold else h0
+        self.kb = self._zeros(S, H, self.cap, K)
+        self.ub = self._zeros(S, HV, self.cap, V)
+        self.gb = self._zeros(S, HV, self.cap)
+        self.vb = self._zeros(S, HV, self.cap, V) if fold else None
+        self.bb = self._zeros(S, HV, self.cap) if fold else None
         self.A_log = self._randn(HV) * 0.5
         self.dt_bias = self._randn(HV)
-        self.pad_before = self.ckpt[1].clone()
+        self.pad_before = [t[1].clone() for t in self._padded_views()]
 
-    def _randn(self, *shape):
-        return self.torch.randn(*shape, generator=self.gen).to(self.dev)
+    def _padded_views(self):
+        views = [self.ckpt, self.kb, self.ub, self.gb]
+        return views + ([self.fold, self.vb, self.bb] if self.fold is not None else [])
 
     def inputs(self, T=None):
         b = self.slots.shape[0]
@@ -430,24 +436,13 @@ class _GDNPool:
     def ref_step(self, state, inp, j=None):
         from .reference import gdn_prepare_ref, gdn_step_ref
         qkv, a, b, A_log, dt_bias, scale = self.args(inp, j)
-        r = gdn_prepare_ref(qkv.cpu(), a.cpu(), b.cpu(), A_log.cpu(), dt_bias.cpu(), self.H,
-                            self.HV, self.K, self.V, scale)
+        r = gdn_prepare_ref(qkv, a, b, A_log, dt_bias, self.H, self.HV, self.K, self.V, scale)
         return gdn_step_ref(state, r["q"], r["k"], r["v"], r["g"], r["beta"],
-                            state_batch_indices=self.slots.cpu())
-
-    def rel(self, y, y_ref):
-        live = self.live.cpu()
-        y, r = y.double().cpu()[live], y_ref[live]
-        return (y - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
+                            state_batch_indices=self.slots)
 
     def state_rel(self):
         """The recurrence's copy (the fold copy with dual precision) vs float64."""
-        c = (self.fold if self.fold is not None else self.ckpt)[self.live_slots].double().cpu()
-        r = self.state[self.live_slots.cpu()]
-        return (c - r).abs().max().item() / max(r.abs().max().item(), 1e-30)
-
-    def padded_untouched(self) -> bool:
-        return bool(self.torch.equal(self.pad_before, self.ckpt[1]))
+        return self._state_rel(self.fold if self.fold is not None else self.ckpt)
 
 
 def _kc_gdn_decode(device, route, fold=False):
