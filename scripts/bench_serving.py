@@ -731,9 +731,14 @@ def _fmt(v, nd=1):
     return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 
+def _short_commits(commits: str) -> str:
+    """'sha1,sha2' (one per run, see merge) -> 'sha1[:12], sha2[:12]'."""
+    return ", ".join(c[:12] for c in commits.split(","))
+
+
 def markdown(doc: dict) -> str:
     lines = ["# End-to-end decode: ReplaySSM vs stock SGLang (served, dummy weights)", "",
-             f"`{doc['command']}` at {doc['git_commit'][:12]}, {doc['gpu']}, "
+             f"`{doc['command']}` of runs at {_short_commits(doc['git_commit'])}, {doc['gpu']}, "
              f"{', '.join(f'{k} {v}' for k, v in doc['versions'].items())}, {doc['created']}.",
              "Output tok/s from `sglang.bench_one_batch_server` (random-ids, one batch); "
              "step = median steady decode step from the server log. "

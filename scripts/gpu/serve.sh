@@ -10,7 +10,8 @@
 #    plugin is registered;
 # 3. runs scripts/bench_serving.py run --model MODEL --arms ARM, bounded by
 #    RUN_TIMEOUT (default 570 s: a device command may run 600 s);
-# 4. leaves server/bench logs and the partial JSON (e2e_MODEL_ARM.json) in $OUT.
+# 4. leaves server/bench logs and the partial JSON (e2e_MODEL_ARM.json) in $OUT,
+#    packed into $OUT/results.tgz (scripts/gpu/pack_out.sh; PACK_OUT=0: loose).
 # env: OUT (default gpu-results/), RUN_TIMEOUT, GIT_COMMIT (recorded in the
 # JSON: the device tree has no .git)
 set -uo pipefail
@@ -28,4 +29,5 @@ timeout -k 15 "${RUN_TIMEOUT:-570}" python3 scripts/bench_serving.py run --model
   --arms "$ARM" --model-root .model --partial-dir "$OUT" --log-dir "$OUT" "$@"
 rc=$?
 echo "[serve] done at $(( $(date +%s) - T0 ))s rc=$rc"
+bash scripts/gpu/pack_out.sh
 exit $rc
