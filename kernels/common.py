@@ -154,6 +154,18 @@ def check_pool(checkpoint, buffers: dict, num_slots: int, capacity: int, fill, o
                             f"entries)")
 
 
+def check_fold_copy(checkpoint, checkpoint_fold, dtypes):
+    """A fold copy (dual precision) is read and written with the checkpoint's
+    slot and head offsets: same shape and strides, a precise dtype."""
+    check(checkpoint_fold.shape == checkpoint.shape and
+          checkpoint_fold.stride() == checkpoint.stride(),
+          f"checkpoint_fold must have the checkpoint's shape {tuple(checkpoint.shape)} and "
+          f"strides {checkpoint.stride()}, got {tuple(checkpoint_fold.shape)} "
+          f"{checkpoint_fold.stride()}")
+    check(checkpoint_fold.dtype in dtypes,
+          f"checkpoint_fold dtype {checkpoint_fold.dtype} not supported (one of {dtypes})")
+
+
 def check_finite(**tensors):
     for name, t in tensors.items():
         if t is not None and not bool(torch.isfinite(t).all()):

@@ -62,7 +62,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
+from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
                      check_live_cursors, check_pool, dot_precision, ring_positions, softplus,
                      split_config)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
@@ -554,12 +554,7 @@ def _check_fold_copy(checkpoint, checkpoint_fold, v_buffer, beta_buffer, cap):
     if not any(given):
         return
     num_slots, HV, V, K = checkpoint.shape
-    check(checkpoint_fold.shape == checkpoint.shape and
-          checkpoint_fold.stride() == checkpoint.stride(),
-          f"checkpoint_fold must have the checkpoint's shape {tuple(checkpoint.shape)} and "
-          f"strides, got {tuple(checkpoint_fold.shape)} {checkpoint_fold.stride()}")
-    check(checkpoint_fold.dtype == torch.float32,
-          f"checkpoint_fold must be float32, got {checkpoint_fold.dtype}")
+    check_fold_copy(checkpoint, checkpoint_fold, (torch.float32,))
     check(tuple(v_buffer.shape) == (num_slots, HV, cap, V) and v_buffer.stride(-1) == 1
           and v_buffer.dtype in ACT_DTYPES,
           f"v_buffer must be [num_slots={num_slots}, HV={HV}, capacity={cap}, V={V}] in an "

@@ -57,8 +57,8 @@ import triton
 import triton.language as tl
 
 from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
-                     check_live_cursors, check_pool, dot_precision, ring_positions, softplus,
-                     split_config)
+                     check_fold_copy, check_live_cursors, check_pool, dot_precision,
+                     ring_positions, softplus, split_config)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
 from .fold import fold_dot as _fold
 from .fold import launch_split_fold
@@ -579,13 +579,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     check_pool(checkpoint, {"x_buffer": x_buffer, "B_buffer": B_buffer, "dt_buffer": dt_buffer},
                num_slots, cap, fill, origin, slot_ids, buffer_len, T, mode == MODE_VERIFY)
     if checkpoint_fold is not None:
-        check(checkpoint_fold.shape == checkpoint.shape,
-              f"checkpoint_fold shape {tuple(checkpoint_fold.shape)} != checkpoint shape "
-              f"{tuple(checkpoint.shape)}")
-        check(checkpoint_fold.stride() == checkpoint.stride(),
-              "checkpoint_fold must have the same strides as checkpoint")
-        check(checkpoint_fold.dtype in STATE_DTYPES,
-              f"checkpoint_fold dtype {checkpoint_fold.dtype} not supported")
+        check_fold_copy(checkpoint, checkpoint_fold, STATE_DTYPES)
     check(tuple(x_buffer.shape) == (num_slots, H, cap, P),
           f"x_buffer must be [num_slots={num_slots}, H={H}, capacity, P={P}], got "
           f"{tuple(x_buffer.shape)}")

@@ -419,7 +419,7 @@ def test_fold_copy_bad_input_is_rejected(device):
         gdn_replay_decode(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
                           pool.scale, buffer_len=4, num_k_heads=pool.H,
                           checkpoint_fold=pool.fold, v_buffer=pool.vb)
-    with pytest.raises(ValueError, match="checkpoint_fold must be float32"):
+    with pytest.raises(ValueError, match="checkpoint_fold dtype torch.bfloat16 not supported"):
         gdn_replay_decode(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
                           pool.scale, buffer_len=4, num_k_heads=pool.H,
                           checkpoint_fold=pool.fold.to(BF16), v_buffer=pool.vb,

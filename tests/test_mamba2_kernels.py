@@ -696,7 +696,7 @@ def _bad_cases():
         ("fill_out_of_range", set_(fill=lambda kw: torch.full_like(kw["fill"], 9)),
          "cursor fill out of range"),
         ("fold_shape", set_(checkpoint_fold=lambda kw: kw["checkpoint"][:-1].float()),
-         "checkpoint_fold shape"),
+         "checkpoint_fold must have the checkpoint.s shape"),
     ]
 
 
