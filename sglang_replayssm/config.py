@@ -35,8 +35,10 @@ class ReplayConfig:
     # folds into (dual precision), so the read copy's rounding never enters
     # the recurrence.
     fold_dtype: Optional[str] = None
-    # Which decode kernel route: the fused kernel ('output_only') or three
-    # launches ('split': projection, outputs, fold); 'auto' picks per batch.
+    # Which decode kernel route: the fused kernel ('output_only') or two
+    # launches ('split': projection, which folds on a row's flush step, then
+    # outputs; a third fold launch only for GDN with a fold copy); 'auto' picks
+    # per batch.
     decode_route: str = "auto"
 
     def validate(self) -> "ReplayConfig":

@@ -84,8 +84,9 @@ def add_replayssm_args(parser: argparse.ArgumentParser) -> None:
         "--replayssm-decode-route",
         choices=DECODE_ROUTES,
         default=default.decode_route,
-        help="Decode kernel: output_only = one fused launch, split = projection + "
-        "outputs + fold launches; auto = picked per batch size.",
+        help="Decode kernel: output_only = one fused launch, split = a projection "
+        "launch (which also folds the buffer on a row's flush step) then an outputs "
+        "launch; auto = picked per batch size (split from batch 8).",
     )
 
 
