@@ -18,10 +18,14 @@ ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 @dataclass
 class LaunchConfig:
     """Rows of the per-program state tile (Mamba-2: headdim rows; GDN: V rows;
-    each program spans all of dstate / K) and warps per program."""
+    each program spans all of dstate / K) and warps per program.
+    ``storage_order`` (the fused kernels): read the ring in storage order
+    (see :func:`ring_positions`), which takes one dependent memory round trip
+    off a latency-bound step at the price of reading the whole ring."""
 
     block: int
     num_warps: int
+    storage_order: bool = False
 
 
 @dataclass
@@ -106,16 +110,51 @@ def softplus(x):
 
 
 @triton.jit
-def ring_positions(offs_s, fill, origin, capacity, T: tl.constexpr):
-    """For logical positions ``offs_s``: history mask (< fill), window mask
-    ([fill, fill+T)), window index (clamped to 0 outside) and ring index."""
-    is_hist = offs_s < fill
-    win = offs_s - fill
+def ring_positions(offs_s, fill, origin, capacity, T: tl.constexpr, STORAGE_ORDER: tl.constexpr):
+    """The ring entries a step sees, ``offs_s`` = 0 .. BLOCK_S-1, in one of two orders.
+
+    * logical (STORAGE_ORDER False): entry s is logical position s, stored at
+      ring index (origin + s) % capacity; the ring loads wait for ``origin``.
+    * storage (True): entry s is ring index s, at logical position
+      (s - origin) % capacity (entries s >= capacity get a position past any
+      window). The ring loads then depend on the slot only and go out with
+      the checkpoint read, one dependent round trip to memory less, which is
+      what a latency-bound (small batch) step pays for; the whole ring is read
+      (BLOCK_S must cover the capacity) and ``ring_ok`` selects it.
+
+    Returns (pos, is_hist, is_win, win, ring, ring_ok): logical position,
+    history mask (pos < fill), window mask (pos in [fill, fill+T)), window
+    index (0 outside it), ring index, and the entries to load from the ring
+    (the history in logical order, the whole ring in storage order, whose
+    loads the caller masks with is_hist after loading)."""
+    if STORAGE_ORDER:
+        ring = offs_s
+        ring_ok = offs_s < capacity
+        pos = offs_s - origin
+        pos = tl.where(pos < 0, pos + capacity, pos)
+        pos = tl.where(ring_ok, pos, 2 * capacity + T)
+    else:
+        pos = offs_s
+        ring = origin + offs_s
+        ring = tl.where(ring >= capacity, ring - capacity, ring)
+    is_hist = pos < fill
+    win = pos - fill
     is_win = (win >= 0) & (win < T)
     win = tl.where(is_win, win, 0)
-    ring = origin + offs_s
-    ring = tl.where(ring >= capacity, ring - capacity, ring)
-    return is_hist, is_win, win, ring
+    if not STORAGE_ORDER:
+        ring_ok = is_hist
+    return pos, is_hist, is_win, win, ring, ring_ok
+
+
+@triton.jit
+def ring_cumsum(x, pos, STORAGE_ORDER: tl.constexpr):
+    """Inclusive prefix sum of x [S] in logical order: x at positions
+    ``pos`` (from :func:`ring_positions`) summed over positions <= pos. In
+    storage order an [S, S] masked sum (S <= 64), else tl.cumsum."""
+    if STORAGE_ORDER:
+        return tl.sum(tl.where(pos[None, :] <= pos[:, None], x[None, :], 0.0), axis=1)
+    else:
+        return tl.cumsum(x, axis=0)
 
 
 def check(cond: bool, msg: str):

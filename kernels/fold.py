@@ -46,7 +46,7 @@ def fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def gdn_recompute_values(h, vs, betas, ks, cum, upto, BLOCK_S: tl.constexpr,
+def gdn_recompute_values(h, vs, betas, ks, cum, pos, upto, BLOCK_S: tl.constexpr,
                          DOT_PRECISION: tl.constexpr):
     """GDN's corrected values of the selected positions, recomputed from the
     checkpoint tile h [R, K] (the precise copy) and the raw inputs:
@@ -58,14 +58,15 @@ def gdn_recompute_values(h, vs, betas, ks, cum, upto, BLOCK_S: tl.constexpr,
     M is nilpotent (M^S = 0), so (I + M)^-1 = (I - M)(I + M^2)(I + M^4)...
     with log2(S) factors: a handful of [S, S] tl.dots instead of S
     sequential substitution steps (which, unrolled, spill registers).
-    vs: [S, R] raw values; betas, cum: [S]; ks: [S, K]; upto: [S] bool.
+    vs: [S, R] raw values; betas, cum: [S]; ks: [S, K]; pos: [S] logical
+    positions (any order: "r < s" is pos_r < pos_s); upto: [S] bool.
     Returns U [S, R], zero outside ``upto``."""
     offs_s = tl.arange(0, BLOCK_S)
     hk = tl.dot(ks, tl.trans(h), input_precision=DOT_PRECISION)          # [S, R]: h k_s
     rhs = betas[:, None] * (vs - tl.exp(cum)[:, None] * hk)
     rhs = tl.where(upto[:, None], rhs, 0.0)
     kk = tl.dot(ks, tl.trans(ks), input_precision=DOT_PRECISION)         # [S, S]: k_s . k_r
-    lower = (offs_s[None, :] < offs_s[:, None]) & upto[:, None] & upto[None, :]
+    lower = (pos[None, :] < pos[:, None]) & upto[:, None] & upto[None, :]
     neg = tl.where(lower, -betas[:, None] * tl.exp(tl.minimum(cum[:, None] - cum[None, :], 0.0))
                    * kk, 0.0)                                            # -M
     inv = tl.where(offs_s[:, None] == offs_s[None, :], 1.0, 0.0) + neg  # I - M
@@ -171,7 +172,8 @@ def split_fold_kernel(
                     w_in = tl.where(upto, 1.0, 0.0)
                 if RECOMPUTE:
                     # GDN with a fold copy: vbuf holds the raw v; u from h (precise)
-                    vs = gdn_recompute_values(h, vs, bs, ks, cum, upto, BLOCK_S, DOT_PRECISION)
+                    vs = gdn_recompute_values(h, vs, bs, ks, cum, offs_s, upto, BLOCK_S,
+                                              DOT_PRECISION)
                 h = fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION)
             else:
                 # FMA outer products, one ring entry at a time (no [S, rows] /

@@ -63,7 +63,8 @@ import triton
 import triton.language as tl
 
 from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
-                     check_live_cursors, check_pool, dot_precision, ring_positions, softplus,
+                     check_live_cursors, check_pool, dot_precision, ring_cumsum, ring_positions,
+                     softplus,
                      split_config)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
 from .fold import fold_dot, gdn_recompute_values, launch_split_fold
@@ -81,39 +82,40 @@ SPLIT_MIN_BATCH = 8
 
 
 @triton.jit
-def _fold(h, us, ks, g_cum, offs_s, last, DOT_PRECISION: tl.constexpr):
+def _fold(h, us, ks, g_cum, pos, last, DOT_PRECISION: tl.constexpr):
     """State after logical positions 0..last (none if last < 0):
     exp(cum_last) h + sum_{s<=last} exp(cum_last - cum_s) u_s k_s^T.
-    us: [S, BV]; ks: [S, K]; g_cum: [S]; h: [BV, K]."""
-    total = tl.sum(tl.where(offs_s == last, g_cum, 0.0), axis=0)
-    w = tl.where(offs_s <= last, tl.exp(tl.minimum(total - g_cum, 0.0)), 0.0)
+    us: [S, BV]; ks: [S, K]; g_cum, pos (logical positions): [S]; h: [BV, K]."""
+    total = tl.sum(tl.where(pos == last, g_cum, 0.0), axis=0)
+    w = tl.where(pos <= last, tl.exp(tl.minimum(total - g_cum, 0.0)), 0.0)
     return h * tl.exp(total) + tl.dot(tl.trans(us * w[:, None]), ks,
                                       input_precision=DOT_PRECISION)
 
 
 @triton.jit
-def _flush(h, us, ks, cum, offs_s, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr, ck_off,
-           m_vk, vb_off, bb_off, ring_ok, mask_v, vwin, bwin, is_win,
+def _flush(h, us, ks, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr, ck_off,
+           m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin, is_win,
            HAS_FOLD_COPY: tl.constexpr, BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold logical positions 0..last into the checkpoint and store it; returns
     the folded state (fp32). With a fold copy the fold starts from the
     precise copy and recomputes the corrected values from the raw inputs
-    (ring history at ``ring_ok`` + the window's ``vwin``/``bwin``): the u_s in
+    (ring history, loaded at ``ring_ok`` and kept at ``is_hist``, + the
+    window's ``vwin``/``bwin``; ``pos`` as ring_positions returns it): the u_s in
     ``us`` were computed from the read copy, and folding them would carry its
     rounding into the recurrence. Both copies are written."""
     if HAS_FOLD_COPY:
         h = tl.load(fold_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)
         vs = tl.load(vbuf_ptr + vb_off, mask=ring_ok[:, None] & mask_v[None, :],
                      other=0.0).to(tl.float32)
-        vs = tl.where(is_win[:, None], vwin, vs)
+        vs = tl.where(is_win[:, None], vwin, tl.where(is_hist[:, None], vs, 0.0))
         bs = tl.load(betabuf_ptr + bb_off, mask=ring_ok, other=0.0)
-        bs = tl.where(is_win, bwin, bs)
-        upto = offs_s <= last
-        us = gdn_recompute_values(h, vs, bs, ks, cum, upto, BLOCK_S, DOT_PRECISION)
-        h = _fold(h, us, ks, cum, offs_s, last, DOT_PRECISION)
+        bs = tl.where(is_win, bwin, tl.where(is_hist, bs, 0.0))
+        upto = pos <= last
+        us = gdn_recompute_values(h, vs, bs, ks, cum, pos, upto, BLOCK_S, DOT_PRECISION)
+        h = _fold(h, us, ks, cum, pos, last, DOT_PRECISION)
         tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_vk)
     else:
-        h = _fold(h, us, ks, cum, offs_s, last, DOT_PRECISION)
+        h = _fold(h, us, ks, cum, pos, last, DOT_PRECISION)
     tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_vk)
     return h
 
@@ -133,7 +135,8 @@ def _gdn_replay_kernel(
     s_o_row, s_o_t, s_o_head,
     T: tl.constexpr, MODE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, STORAGE_ORDER: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     hv = tl.program_id(1)
@@ -161,15 +164,21 @@ def _gdn_replay_kernel(
         if fill == 0:
             return
 
-    # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window
-    is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, T)
-    g_s = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist, other=0.0)
+    # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window;
+    # entries not in the history are zeroed after the load (storage order
+    # reads the whole ring, stale entries included)
+    pos, is_hist, is_win, win, ring, ring_ok = ring_positions(offs_s, fill, origin, capacity,
+                                                              T, STORAGE_ORDER)
+    g_s = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=ring_ok, other=0.0)
+    g_s = tl.where(is_hist, g_s, 0.0)
     ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
-                 + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :],
+                 + offs_k[None, :], mask=ring_ok[:, None] & mask_k[None, :],
                  other=0.0).to(tl.float32)                                   # [S, K]
+    ks = tl.where(is_hist[:, None], ks, 0.0)
     us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
-                 + offs_v[None, :], mask=is_hist[:, None] & mask_v[None, :],
+                 + offs_v[None, :], mask=ring_ok[:, None] & mask_v[None, :],
                  other=0.0).to(tl.float32)                                   # [S, BV]
+    us = tl.where(is_hist[:, None], us, 0.0)
     # raw-input rings (fold copy only): read by _flush, the window appended below
     vb_off = slot * s_vb_slot + hv * s_vb_head + ring[:, None] * s_vb_pos + offs_v[None, :]
     bb_off = slot * s_bb_slot + hv * s_bb_head + ring
@@ -182,36 +191,36 @@ def _gdn_replay_kernel(
     for j in tl.static_range(T):
         a_j = tl.load(a_ptr + row * s_a_row + j * s_a_t + hv).to(tl.float32)
         g_j = -tl.exp(A_log) * softplus(a_j + dt_bias)
-        g_s = tl.where(offs_s == fill + j, g_j, g_s)
+        g_s = tl.where(pos == fill + j, g_j, g_s)
         k_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + H * K + hk * K + offs_k,
                       mask=mask_k, other=0.0).to(tl.float32)
         if USE_QK_L2NORM:
             k_j = k_j / tl.sqrt(tl.sum(k_j * k_j) + 1e-6)
-        ks = tl.where((offs_s == fill + j)[:, None], k_j[None, :], ks)
-    cum = tl.cumsum(g_s, axis=0)
+        ks = tl.where((pos == fill + j)[:, None], k_j[None, :], ks)
+    cum = ring_cumsum(g_s, pos, STORAGE_ORDER)
 
     no_win = offs_s < 0
     if MODE == 2:
-        h = _flush(h, us, ks, cum, offs_s, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
-                   ck_off, m_vk, vb_off, bb_off, is_hist, mask_v, vwin, bwin, no_win,
+        h = _flush(h, us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+                   ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin, no_win,
                    HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
     else:
         if MODE == 1:
             # verify: flush the committed history first when the window would fill the buffer
             if fill + T >= buffer_len:
-                h = _flush(h, us, ks, cum, offs_s, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr,
-                           betabuf_ptr, ck_off, m_vk, vb_off, bb_off, is_hist, mask_v, vwin,
-                           bwin, no_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
+                h = _flush(h, us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr,
+                           betabuf_ptr, ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v,
+                           vwin, bwin, no_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
                 lo = fill
             else:
                 lo = fill * 0
         else:
             lo = fill * 0
-        base = tl.sum(tl.where(offs_s == lo - 1, cum, 0.0), axis=0)  # cum at the checkpoint
+        base = tl.sum(tl.where(pos == lo - 1, cum, 0.0), axis=0)  # cum at the checkpoint
         for j in tl.static_range(T):
             q_pos = fill + j
-            cum_q = tl.sum(tl.where(offs_s == q_pos, cum, 0.0), axis=0)
-            k_j = tl.sum(tl.where((offs_s == q_pos)[:, None], ks, 0.0), axis=0)   # [K]
+            cum_q = tl.sum(tl.where(pos == q_pos, cum, 0.0), axis=0)
+            k_j = tl.sum(tl.where((pos == q_pos)[:, None], ks, 0.0), axis=0)      # [K]
             q_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
                           mask=mask_k, other=0.0).to(tl.float32)
             if USE_QK_L2NORM:
@@ -222,7 +231,7 @@ def _gdn_replay_kernel(
             b_j = tl.load(b_ptr + row * s_b_row + j * s_b_t + hv)
             beta = tl.sigmoid(b_j.to(tl.float32)).to(b_j.dtype).to(tl.float32)
             decay = tl.exp(cum_q - base)
-            w = tl.where((offs_s >= lo) & (offs_s < q_pos),
+            w = tl.where((pos >= lo) & (pos < q_pos),
                          tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)              # [S]
             kk = tl.sum(ks * k_j[None, :], axis=1)                              # k_s . k_j
             kq = tl.sum(ks * q_j[None, :], axis=1)                              # k_s . q_j
@@ -231,19 +240,19 @@ def _gdn_replay_kernel(
             u_j = beta * (v_j - hk_j)
             o_j = decay * tl.sum(h * q_j[None, :], axis=1) + tl.sum(us * (w * kq)[:, None], axis=0) \
                 + tl.sum(k_j * q_j) * u_j
-            us = tl.where((offs_s == q_pos)[:, None], u_j[None, :], us)
+            us = tl.where((pos == q_pos)[:, None], u_j[None, :], us)
             if HAS_FOLD_COPY:
-                vwin = tl.where((offs_s == q_pos)[:, None], v_j[None, :], vwin)
-                bwin = tl.where(offs_s == q_pos, beta, bwin)
+                vwin = tl.where((pos == q_pos)[:, None], v_j[None, :], vwin)
+                bwin = tl.where(pos == q_pos, beta, bwin)
             tl.store(out_ptr + row * s_o_row + j * s_o_t + hv * s_o_head + offs_v,
                      o_j.to(out_ptr.dtype.element_ty), mask=mask_v)
         if MODE == 0:
             # decode: a full buffer folds history + this token at the end of the step
             flush = fill + 1 >= buffer_len
             if flush:
-                h = _flush(h, us, ks, cum, offs_s, fill, ckpt_ptr, fold_ptr, vbuf_ptr,
-                           betabuf_ptr, ck_off, m_vk, vb_off, bb_off, is_hist, mask_v, vwin,
-                           bwin, is_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
+                h = _flush(h, us, ks, cum, pos, fill, ckpt_ptr, fold_ptr, vbuf_ptr,
+                           betabuf_ptr, ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v,
+                           vwin, bwin, is_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
             n_write = tl.where(flush, 0, 1)
         else:
             n_write = T
@@ -336,7 +345,8 @@ def _gdn_split_projection_kernel(
         origin = tl.load(origin_ptr + slot)
         offs_s = tl.arange(0, BLOCK_S)
         # positions [0, fill) = history in the ring, fill = this token
-        is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
+        _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1,
+                                                           False)
         ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
                      + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :], other=0.0)
         us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
@@ -437,7 +447,8 @@ def _gdn_split_outputs_kernel(
     fill = tl.load(fill_ptr + slot, mask=live, other=0)
     origin = tl.load(origin_ptr + slot, mask=live, other=0)
     # positions [0, fill) = history in the ring, fill = this token
-    is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
+    _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1,
+                                                           False)
     ring_q = origin + fill  # where this token goes (always: capacity >= buffer_len)
     ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
     ks_in = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
@@ -641,6 +652,8 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         return out
 
     cfg = config or default_config(V, K, checkpoint.dtype, batch)
+    if cfg.storage_order:  # the whole ring is read: a pool built for longer windows has more
+        BLOCK_S = max(BLOCK_S, triton.next_power_of_2(cap))
     BLOCK_K = max(16, triton.next_power_of_2(K))
     qkv = mixed_qkv if mixed_qkv is not None else g_buffer.new_empty(batch, 1, 1)
     a_ = a if a is not None else qkv
@@ -663,8 +676,8 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         qkv.stride(0), qkv.stride(1), a_.stride(0), a_.stride(1), b_.stride(0), b_.stride(1),
         o.stride(0), o.stride(1), o.stride(2),
         T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_V=cfg.block, BLOCK_K=BLOCK_K,
-        USE_QK_L2NORM=use_qk_l2norm, HAS_FOLD_COPY=has_fold, DOT_PRECISION=dot_precision(),
-        num_warps=cfg.num_warps,
+        USE_QK_L2NORM=use_qk_l2norm, HAS_FOLD_COPY=has_fold, STORAGE_ORDER=cfg.storage_order,
+        DOT_PRECISION=dot_precision(), num_warps=cfg.num_warps,
     )
     return out
 

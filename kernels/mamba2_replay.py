@@ -58,7 +58,7 @@ import triton.language as tl
 
 from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      check_fold_copy, check_live_cursors, check_pool, dot_precision,
-                     ring_positions, softplus, split_config)
+                     ring_cumsum, ring_positions, softplus, split_config)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
 from .fold import fold_dot as _fold
 from .fold import launch_split_fold
@@ -121,7 +121,7 @@ def _mamba2_replay_kernel(
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     RECONSTRUCT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    STORAGE_ORDER: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
@@ -143,40 +143,43 @@ def _mamba2_replay_kernel(
     mask_n = offs_n < dstate
     A = tl.load(A_ptr + head * s_A).to(tl.float32)
 
-    # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window
-    is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, T)
-
-    dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring, mask=is_hist, other=0.0)
-    dt_w = tl.load(dt_ptr + row * s_dt_row + win * s_dt_t + head * s_dt_head,
-                   mask=is_win, other=0.0).to(tl.float32)
-    if HAS_DT_BIAS:
-        dt_w += tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
-    if DT_SOFTPLUS:
-        dt_w = softplus(dt_w)
-    dt = tl.where(is_hist, dt_h, tl.where(is_win, dt_w, 0.0))
-    cum = tl.cumsum(dt * A, axis=0)
-
-    m_hp = is_hist[:, None] & mask_p[None, :]
-    m_wp = is_win[:, None] & mask_p[None, :]
-    x_w = tl.load(x_ptr + row * s_x_row + win[:, None] * s_x_t + head * s_x_head + offs_p[None, :],
-                  mask=m_wp, other=0.0)
-    xs = x_w.to(tl.float32) + tl.load(
-        xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos + offs_p[None, :],
-        mask=m_hp, other=0.0).to(tl.float32)
-    m_hn = is_hist[:, None] & mask_n[None, :]
-    m_wn = is_win[:, None] & mask_n[None, :]
-    B_w = tl.load(B_ptr + row * s_B_row + win[:, None] * s_B_t + group * s_B_group + offs_n[None, :],
-                  mask=m_wn, other=0.0)
-    Bs = B_w.to(tl.float32) + tl.load(
-        bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos + offs_n[None, :],
-        mask=m_hn, other=0.0).to(tl.float32)
-
     ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p + offs_n[None, :]
     m_pn = mask_p[:, None] & mask_n[None, :]
-    if HAS_FOLD_COPY:
-        fold_src = fold_ptr
-    else:
-        fold_src = ckpt_ptr
+    # the checkpoint tile's address depends on the slot only: issued first.
+    # A fold copy, if any, is read instead by the rows that fold.
+    h_c = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0)
+
+    # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window;
+    # entries not in the history are zeroed after the load (storage order
+    # reads the whole ring, stale entries included)
+    pos, is_hist, is_win, win, ring, ring_ok = ring_positions(offs_s, fill, origin, capacity,
+                                                              T, STORAGE_ORDER)
+    dt = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring, mask=ring_ok, other=0.0)
+    xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
+                 + offs_p[None, :], mask=ring_ok[:, None] & mask_p[None, :],
+                 other=0.0).to(tl.float32)                                  # [S, P]
+    Bs = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
+                 + offs_n[None, :], mask=ring_ok[:, None] & mask_n[None, :],
+                 other=0.0).to(tl.float32)                                  # [S, N]
+    dt = tl.where(is_hist, dt, 0.0)
+    xs = tl.where(is_hist[:, None], xs, 0.0)
+    Bs = tl.where(is_hist[:, None], Bs, 0.0)
+    # the window's tokens (addresses independent of the cursors) at their positions
+    for j in tl.static_range(T):
+        at = pos == fill + j
+        dt_j = tl.load(dt_ptr + row * s_dt_row + j * s_dt_t + head * s_dt_head).to(tl.float32)
+        if HAS_DT_BIAS:
+            dt_j += tl.load(dt_bias_ptr + head * s_dtb).to(tl.float32)
+        if DT_SOFTPLUS:
+            dt_j = softplus(dt_j)
+        x_j = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
+                      mask=mask_p, other=0.0).to(tl.float32)
+        B_j = tl.load(B_ptr + row * s_B_row + j * s_B_t + group * s_B_group + offs_n,
+                      mask=mask_n, other=0.0).to(tl.float32)
+        dt = tl.where(at, dt_j, dt)
+        xs = tl.where(at[:, None], x_j[None, :], xs)
+        Bs = tl.where(at[:, None], B_j[None, :], Bs)
+    cum = ring_cumsum(dt * A, pos, STORAGE_ORDER)
 
     if MODE == 0:
         # ---- decode: one token at position `fill`, always accepted ----
@@ -185,8 +188,10 @@ def _mamba2_replay_kernel(
                       mask=mask_n, other=0.0).to(tl.float32)
         if flush:
             # fold history + this token (the fold copy is the precise one)
-            h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-            upto = offs_s <= fill
+            if HAS_FOLD_COPY:
+                h_c = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
+            h = h_c.to(tl.float32)
+            upto = pos <= fill
             total = tl.sum(tl.where(upto, dt * A, 0.0), axis=0)
             h = _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION)
             tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
@@ -194,9 +199,9 @@ def _mamba2_replay_kernel(
                 tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
             y = tl.sum(h * C_q[None, :], axis=1)
         else:
-            h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-            cum_q = tl.sum(tl.where(offs_s == fill, cum, 0.0), axis=0)
-            live = offs_s <= fill
+            h = h_c.to(tl.float32)
+            cum_q = tl.sum(tl.where(pos == fill, cum, 0.0), axis=0)
+            live = pos <= fill
             w = tl.where(live, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
             if RECONSTRUCT:
                 h_q = h * tl.exp(cum_q) + tl.dot(tl.trans(xs * w[:, None]), Bs,
@@ -220,23 +225,24 @@ def _mamba2_replay_kernel(
             # ---- verify: T drafts, output-only, the window is never folded ----
             flush = fill + T >= buffer_len
             if flush:
-                h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-                h = _fold(h, xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
+                if HAS_FOLD_COPY:
+                    h_c = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
+                h = _fold(h_c.to(tl.float32), xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
                 tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
                 if HAS_FOLD_COPY:
                     tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
                 lo = fill
                 base = total
             else:
-                h = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0).to(tl.float32)
+                h = h_c.to(tl.float32)
                 lo = fill * 0
                 base = total * 0.0
             for j in tl.static_range(T):
                 q = fill + j
                 C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
                               mask=mask_n, other=0.0).to(tl.float32)
-                cum_q = tl.sum(tl.where(offs_s == q, cum, 0.0), axis=0)
-                live = (offs_s >= lo) & (offs_s <= q)
+                cum_q = tl.sum(tl.where(pos == q, cum, 0.0), axis=0)
+                live = (pos >= lo) & (pos <= q)
                 w = tl.where(live, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
                 decay = tl.exp(cum_q - base)
                 if RECONSTRUCT:
@@ -256,8 +262,9 @@ def _mamba2_replay_kernel(
             write = is_win
         else:
             # ---- flush only: fold the whole buffer ----
-            h = tl.load(fold_src + ck_off, mask=m_pn, other=0.0).to(tl.float32)
-            h = _fold(h, xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
+            if HAS_FOLD_COPY:
+                h_c = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
+            h = _fold(h_c.to(tl.float32), xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
             tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
             if HAS_FOLD_COPY:
                 tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
@@ -266,13 +273,13 @@ def _mamba2_replay_kernel(
     # slice of each head, B by the first P slice of the group's first head
     if T > 0:
         tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
-                 + offs_p[None, :], x_w.to(xbuf_ptr.dtype.element_ty),
+                 + offs_p[None, :], xs.to(xbuf_ptr.dtype.element_ty),
                  mask=write[:, None] & mask_p[None, :])
         if pid_p == 0:
             tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring, dt, mask=write)
             if head % heads_per_group == 0:
                 tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
-                         + offs_n[None, :], B_w.to(bbuf_ptr.dtype.element_ty),
+                         + offs_n[None, :], Bs.to(bbuf_ptr.dtype.element_ty),
                          mask=write[:, None] & mask_n[None, :])
 
 
@@ -340,7 +347,8 @@ def _mamba2_split_projection_kernel(
         origin = tl.load(origin_ptr + slot)
         offs_s = tl.arange(0, BLOCK_S)
         # positions [0, fill) = history in the ring, fill = this token
-        is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
+        _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1,
+                                                           False)
         b_ring = bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
         b_tok = B_ptr + row64 * s_B_row + group * s_B_group
         if FOLD_COLS == 0:
@@ -445,7 +453,8 @@ def _mamba2_split_outputs_kernel(
     fill = tl.load(fill_ptr + slot, mask=live, other=0)
     origin = tl.load(origin_ptr + slot, mask=live, other=0)
     # positions [0, fill) = history in the ring, fill = this token
-    is_hist, is_win, win, ring = ring_positions(offs_s, fill, origin, capacity, 1)
+    _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1,
+                                                           False)
     ring_q = origin + fill  # where this token goes (always: capacity >= buffer_len)
     ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
     Bs = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
@@ -634,6 +643,8 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
                       BLOCK_S)
         return out
     cfg = config or default_config(P, N, checkpoint.dtype, batch)
+    if cfg.storage_order:  # the whole ring is read: a pool built for longer windows has more
+        BLOCK_S = max(BLOCK_S, triton.next_power_of_2(cap))
     BLOCK_N = max(16, triton.next_power_of_2(N))
     dummy = dt_buffer
     xs = x if x is not None else x_buffer.new_empty(batch, 1, H, P)
@@ -664,9 +675,8 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
         RECONSTRUCT=(route == "reconstruct"), HAS_FOLD_COPY=checkpoint_fold is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
-        DT_SOFTPLUS=dt_softplus,
-        DOT_PRECISION=dot_precision(),
-        num_warps=cfg.num_warps,
+        DT_SOFTPLUS=dt_softplus, STORAGE_ORDER=cfg.storage_order,
+        DOT_PRECISION=dot_precision(), num_warps=cfg.num_warps,
     )
     return out
 

@@ -57,6 +57,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import json
+import math
 import os
 import subprocess
 import sys
@@ -106,7 +107,11 @@ def parse():
                          "at every flush); the comparators are unchanged")
     ap.add_argument("--slots", type=int, default=512, help="pool slots (>= largest batch)")
     ap.add_argument("--sweep", action="store_true",
-                    help="first sweep launch configs (block, num_warps) at batch 256")
+                    help="first sweep launch configs (block, num_warps; the fused route also "
+                         "the ring order) at the --sweep-batches")
+    ap.add_argument("--sweep-batches", default="256",
+                    help="batches the --sweep runs at; a batch >= 32 tunes every batch >= 32, "
+                         "one below 32 the batches below 32 (the nearest swept one)")
     ap.add_argument("--stock", default="all",
                     help="stock backends to time, comma-separated (mamba2: triton,flashinfer; "
                          "gdn: triton), or 'all'; a diagnostic run may skip FlashInfer's JIT "
@@ -996,7 +1001,8 @@ def main():
     # ---- launch-config sweep (first shape, L=main, both dtypes) ----
     # best[(sdt, route, batch)] = config; the main loop uses the nearest swept batch
     best_cfg = {}
-    sweep_batches = (256,) if not args.dry_run else (batches[-1],)
+    sweep_batches = ([int(x) for x in args.sweep_batches.split(",")] if not args.dry_run
+                     else (batches[-1],))
     if args.sweep:
         shape = shapes[0]
         L = args.main_buffer_len
@@ -1014,8 +1020,17 @@ def main():
                         # the first route's launch configs, and the split route's
                         # projection tile
                         swept = route == routes[0] or route == "split"
-                        for blk, nw in (fam.sweep_grid if swept else []):
-                            cfg = fam.route_config(LaunchConfig(blk, nw), route, shape, sdt_t, b)
+                        # the fused kernels' ring order matters where a step is
+                        # latency bound (small batch); the split kernels read in
+                        # logical order
+                        base = fam.split_variant(route)[0]
+                        base = fam.m.default_route(b, sdt_t) if base == "auto" else base
+                        split = base in fam.m.SPLIT_ROUTES
+                        grid = [(blk, nw, so) for blk, nw in (fam.sweep_grid if swept else [])
+                                for so in ((False,) if split or b >= 32 else (False, True))]
+                        for blk, nw, so in grid:
+                            cfg = fam.route_config(LaunchConfig(blk, nw, so), route, shape,
+                                                   sdt_t, b)
                             if late(0.5):
                                 break
                             try:
@@ -1029,10 +1044,10 @@ def main():
                             res["sweep"].append(dict(shape=shape, state_dtype=sdt, batch=b,
                                                      buffer_len=L, route=route,
                                                      **{fam.block_key: blk}, num_warps=nw,
-                                                     us_with_commit=us))
+                                                     storage_order=so, us_with_commit=us))
                             print(f"sweep {sdt} b={b} {route} {cfg}: {us}", flush=True)
                         if cands:
-                            best_cfg[(sdt, route, 256)] = min(cands, key=lambda t: t[0])[1]
+                            best_cfg[(sdt, route, b)] = min(cands, key=lambda t: t[0])[1]
                     dump()
                 del state, pool
             except Exception as e:
@@ -1041,9 +1056,12 @@ def main():
                 torch.cuda.empty_cache()
 
     def pick_cfg(sdt, route, b, shape):
-        """The swept best for the nearest swept batch, else the launcher default."""
+        """The swept best for the nearest swept batch on the same side of 32,
+        else the launcher default."""
         r = routes[0] if route == "auto" else route
-        cfg = best_cfg.get((sdt, r, 256)) if b >= 32 else None
+        near = [sb for (s_, r_, sb) in best_cfg if s_ == sdt and r_ == r and (sb >= 32) == (b >= 32)]
+        cfg = (best_cfg[(sdt, r, min(near, key=lambda sb: abs(math.log2(sb / b))))]
+               if near else None)
         if cfg is None or not fam.cfg_fits(cfg, shape):
             cfg = fam.default_config(shape, DTYPES[sdt], b)
         return fam.route_config(cfg, fam.route_name(route, b, DTYPES[sdt]), shape, DTYPES[sdt],

@@ -15,7 +15,7 @@ import torch
 
 from sglang_replayssm.kernels import cursors as cur
 from sglang_replayssm.kernels import gdn_replay as gdn
-from sglang_replayssm.kernels.common import SplitConfig
+from sglang_replayssm.kernels.common import LaunchConfig, SplitConfig
 from sglang_replayssm.kernels.cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, commit
 from sglang_replayssm.kernels.gdn_replay import (gdn_replay_decode, gdn_replay_flush,
                                                  gdn_replay_verify)
@@ -38,6 +38,8 @@ def split(**knobs):
 # that a program loops over several items, cursor scans in chunks of 2 rows).
 ROUTES = {
     "fused": ("output_only", None),
+    # the fused kernel reading the ring in storage order, two V tiles per v-head
+    "fused_storage": ("output_only", LaunchConfig(block=16, num_warps=2, storage_order=True)),
     "split": ("split", split()),
     "split_pairs_fma": ("split", split(out_heads=2, fold_dot=False, fold_programs=1)),
     "split_halves_chunks": ("split", split(out_heads=2, fold_block=16, fold_rows=2,
@@ -163,7 +165,7 @@ def decode_steps(pool, slots, steps, check=True):
 
 # (ratio, route): every GVA ratio on the fused kernel and on the split route,
 # the split knobs spread over the ratios (out_heads=2 needs ratio >= 2)
-STAGGER_CASES = [(r, "fused") for r in (1, 2, 4)] + [
+STAGGER_CASES = [(r, "fused") for r in (1, 2, 4)] + [(2, "fused_storage")] + [
     (1, "split"), (2, "split_pairs_fma"), (4, "split_halves_chunks"),
     (1, "split_project_fold"), (2, "split_project_fold_halves"), (4, "split_project_fold")]
 
@@ -187,16 +189,20 @@ def test_decode_across_flushes_staggered_and_padded(device, ratio, route):
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num()), n
 
 
-@pytest.mark.parametrize("route", ["fused", "split", "split_pairs_fma", "split_project_fold"])
+@pytest.mark.parametrize("route", ["fused", "fused_storage", "split", "split_pairs_fma",
+                                   "split_project_fold"])
 @pytest.mark.parametrize("state,ring", [(BF16, BF16), (F32, BF16)], ids=["bf16", "f32-bf16ring"])
 def test_bf16_state_and_rings(device, state, ring, route):
     pool = Pool(device, state=state, ring=ring, L=4, seed=3, route=route)
     assert decode_steps(pool, torch.tensor([1, 4], dtype=torch.int32, device=device), 9) >= 4
 
 
-def test_verify_random_acceptance(device):
+@pytest.mark.parametrize("route", ["fused", "fused_storage"])
+def test_verify_random_acceptance(device, route):
+    """Verify (the fused kernel, in the route's ring order) with random
+    acceptance over 40 steps, then decode and a flush-only pass."""
     T, L = 2, 5
-    pool = Pool(device, ratio=2, L=L, T=T, seed=7)
+    pool = Pool(device, ratio=2, L=L, T=T, seed=7, route=route)
     slots = torch.tensor([4, -1, 1], dtype=torch.int32, device=device)
     gen = torch.Generator().manual_seed(11)
     flushes = {4: 0, 1: 0}
@@ -204,7 +210,8 @@ def test_verify_random_acceptance(device):
         qkv, a, b = pool.inputs(3, T)
         fill0 = pool.fill.cpu().clone()
         y = gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
-                              pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True)
+                              pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True,
+                              config=pool.config)
         acc = torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32)
         for r, s in enumerate(slots.tolist()):
             if s < 0:
@@ -219,7 +226,8 @@ def test_verify_random_acceptance(device):
     assert min(flushes.values()) >= 2
     # decode after verify on the same pool, then a flush-only pass
     decode_steps(pool, slots, 5)
-    gdn_replay_flush(*pool.pool_args(), slots, buffer_len=L, num_k_heads=pool.H)
+    gdn_replay_flush(*pool.pool_args(), slots, buffer_len=L, num_k_heads=pool.H,
+                     config=pool.config)
     commit(pool.fill, pool.origin, slots, mode=MODE_FLUSH, buffer_len=L, capacity=pool.cap)
     for s in (4, 1):
         assert int(pool.fill[s]) == 0 and pool.rel(pool.ckpt[s], pool.ref[s]) < pool.tol
@@ -239,11 +247,13 @@ def test_flush_only_then_decode(device, route):
     decode_steps(pool, slots, 7)
 
 
-@pytest.mark.parametrize("route", ["split_pairs_fma", "split_project_fold_halves"])
-def test_split_decode_after_verify_wrapped_ring(device, route):
-    """Split decode on a pool the fused kernel verified: a verify flush moves
-    origin (4 of a 6-entry ring), so the split kernels' ring reads and their
-    append wrap around; then >= 1 decode flush per row through (C)."""
+@pytest.mark.parametrize("route", ["split_pairs_fma", "split_project_fold_halves",
+                                   "fused_storage"])
+def test_decode_after_verify_wrapped_ring(device, route):
+    """Decode on a pool the fused kernel verified: a verify flush moves
+    origin (4 of a 6-entry ring), so the ring reads and the append wrap
+    around (storage order: logical positions 2, 3, 4 at ring indices 0, 1, 2);
+    then >= 1 decode flush per row (split: through (C) or (A))."""
     T, L = 2, 5
     pool = Pool(device, L=L, T=T, seed=8, route=route)
     slots = torch.tensor([4, 1], dtype=torch.int32, device=device)
@@ -261,7 +271,28 @@ def test_split_decode_after_verify_wrapped_ring(device, route):
     assert decode_steps(pool, slots, 4) >= 2
 
 
-@pytest.mark.parametrize("route", ["fused", "split", "split_project_fold"])
+def test_storage_order_covers_a_ring_wider_than_the_decode_window(device):
+    """A pool sized for verify windows of T=2 at L=16 has 17 ring entries, one
+    more than a decode step's 16 positions: in storage order the fused kernel
+    must read the whole ring (BLOCK_S 32, not 16). A verify flush at fill 14
+    leaves origin 14, so decode's third entry lands at ring index 16."""
+    T, L = 2, 16
+    pool = Pool(device, L=L, T=T, seed=21, route="fused_storage")
+    slots = torch.tensor([3], dtype=torch.int32, device=device)
+    acc = torch.full((1,), T, dtype=torch.int32, device=device)
+    for _ in range(8):  # fills 0, 2, .., 14 -> flush: fill 2, origin 14
+        qkv, a, b = pool.inputs(1, T)
+        y = gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
+                              pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True,
+                              config=pool.config)
+        pool.check_drafts(3, y[0], qkv[0], a[0], b[0], T)
+        commit(pool.fill, pool.origin, slots, mode=MODE_VERIFY, buffer_len=L, capacity=pool.cap,
+               window=T, accepted=acc)
+    assert (int(pool.fill[3]), int(pool.origin[3]), pool.cap) == (2, 14, 17)
+    assert decode_steps(pool, slots, 16) == 1
+
+
+@pytest.mark.parametrize("route", ["fused", "fused_storage", "split", "split_project_fold"])
 @pytest.mark.parametrize("target", ["u", "k", "g"])
 def test_corrupted_ring_entry_is_caught(device, route, target):
     """Teeth: one corrupted ring entry (a corrected value, a key, a log decay)
@@ -338,7 +369,7 @@ def test_project_fold_in_column_chunks(device, state, cols):
 
 # Dual precision: bf16 read copy + fp32 fold copy; k in fp32 (the fold needs
 # the normalised keys exactly), u in bf16 (read by the outputs only)
-FOLD_ROUTES = ["fused", "split", "split_halves_chunks"]
+FOLD_ROUTES = ["fused", "fused_storage", "split", "split_halves_chunks"]
 
 
 @pytest.mark.parametrize("route", FOLD_ROUTES)
@@ -364,11 +395,13 @@ def test_fold_copy_keeps_the_recurrence_at_fp32(device, route):
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
-def test_fold_copy_through_verify_and_flush(device):
+@pytest.mark.parametrize("route", ["fused", "fused_storage"])
+def test_fold_copy_through_verify_and_flush(device, route):
     """Chain verify with random acceptance and flush-only passes on a dual
     precision pool: the verify pre-flush and MODE_FLUSH recompute u too."""
     T, L = 2, 5
-    pool = Pool(device, state=BF16, ring=BF16, kring=F32, L=L, T=T, seed=13, fold=True)
+    pool = Pool(device, state=BF16, ring=BF16, kring=F32, L=L, T=T, seed=13, fold=True,
+                route=route)
     slots = torch.tensor([4, 1], dtype=torch.int32, device=device)
     gen = torch.Generator().manual_seed(14)
     flushes = 0
@@ -377,7 +410,7 @@ def test_fold_copy_through_verify_and_flush(device):
         fill0 = pool.fill.cpu().clone()
         y = gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
                               pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True,
-                              **pool.fold_kw())
+                              config=pool.config, **pool.fold_kw())
         acc = torch.randint(1, T + 1, (2,), generator=gen, dtype=torch.int32)
         for r, s in enumerate(slots.tolist()):
             if fill0[s] + T >= L:
@@ -388,7 +421,8 @@ def test_fold_copy_through_verify_and_flush(device):
                window=T, accepted=acc.to(device), validate=True)
     assert flushes >= 4
     decode_steps(pool, slots, 2)
-    gdn_replay_flush(*pool.pool_args(), slots, buffer_len=L, num_k_heads=pool.H, **pool.fold_kw())
+    gdn_replay_flush(*pool.pool_args(), slots, buffer_len=L, num_k_heads=pool.H,
+                     config=pool.config, **pool.fold_kw())
     commit(pool.fill, pool.origin, slots, mode=MODE_FLUSH, buffer_len=L, capacity=pool.cap)
     for s in (4, 1):
         assert int(pool.fill[s]) == 0

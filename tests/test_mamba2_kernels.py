@@ -309,6 +309,8 @@ class Pool:
 # masked (default block: one power-of-two slice per head; block=16: 2-3
 # slices per head); num_warps=2 is the serving-batch configuration.
 BP16, NW2 = ("block", 16), ("num_warps", 2)
+# the fused kernel reading the ring in storage order (LaunchConfig.storage_order)
+SO = ("storage_order", True)
 FUSED_DECODE_CASES = [
     Cfg(P=24),
     Cfg(P=24, route="reconstruct", layout="sglang"),
@@ -321,6 +323,9 @@ FUSED_DECODE_CASES = [
     Cfg(state=BF16, act=BF16, route="reconstruct", z=False, P=24),
     Cfg(act=BF16, D=False),
     Cfg(act=F16, state=F16, layout="sglang", P=24),
+    # storage order (no split twins: SPLIT_KNOBS is one shorter)
+    Cfg(P=24, config=(BP16, SO)),
+    Cfg(state=BF16, act=BF16, route="reconstruct", z=False, config=(SO,)),
 ]
 # The same pools on the split route, with its own knobs spread over them
 # (SplitConfig fields): several heads per outputs program, the FMA fold, fold
@@ -340,6 +345,7 @@ SPLIT_KNOBS = [
     (("fold_block", 16), ("fold_rows", 2)),
     (("out_heads", 2), ("fold_programs", 1)),
 ]
+assert len(SPLIT_KNOBS) == len(FUSED_DECODE_CASES) - 2
 SPLIT_DECODE_CASES = [replace(c, route="split", config=c.config + k)
                       for c, k in zip(FUSED_DECODE_CASES, SPLIT_KNOBS)]
 # ... and with the fold inside the projection (A) (no (C)), on the fused
@@ -391,6 +397,7 @@ def test_decode_staggered_sparse_padded(device, route):
 
 
 @pytest.mark.parametrize("route,config", [("output_only", ()), ("reconstruct", (NW2,)),
+                                          ("output_only", (SO,)),
                                           ("split", ()),
                                           ("split", (("fold_dot", False), ("out_heads", 2))),
                                           ("split", PROJECT_FOLD)])
@@ -499,6 +506,8 @@ VERIFY_CASES = [
     (2, 5, Cfg(P=24, config=(BP16, NW2))),
     (3, 6, Cfg(route="reconstruct", layout="sglang")),
     (3, 5, Cfg(state=BF16, fold=True, act=BF16, G=1)),
+    (3, 5, Cfg(P=24, route="reconstruct", config=(SO,))),
+    (2, 5, Cfg(state=BF16, fold=True, config=(BP16, SO))),
 ]
 
 
@@ -520,14 +529,15 @@ def test_verify_random_acceptance(device, T, L, cfg):
     assert pool.wrapped
 
 
-@pytest.mark.parametrize("route", ["reconstruct", "split"])
-def test_verify_mixed_with_decode_and_flush(device, route):
+@pytest.mark.parametrize("route,config", [("reconstruct", ()), ("split", ()),
+                                          ("output_only", (SO,))])
+def test_verify_mixed_with_decode_and_flush(device, route, config):
     """Decode (T=1), verify (T=3) and flush-only steps interleaved on one pool
     sized required_capacity(L, T): decode after verify starts from a moved
     origin, so the ring wraps. route="split": split decode steps between
     fused verify steps (its appended flush token must not disturb them)."""
     T, L = 3, 5
-    pool = Pool(device, Cfg(route=route), seed=21, S=6, L=L, T=T)
+    pool = Pool(device, Cfg(route=route, config=config), seed=21, S=6, L=L, T=T)
     assert pool.cap == required_capacity(L, T)
     slots = [2, -1, 5, 0]
     modes = []
@@ -542,11 +552,26 @@ def test_verify_mixed_with_decode_and_flush(device, route):
     assert pool.wrapped
 
 
+def test_storage_order_covers_a_ring_wider_than_the_decode_window(device):
+    """A pool sized for verify windows of T=2 at L=16 has 17 ring entries, one
+    more than a decode step's 16 positions: in storage order the fused kernel
+    must read the whole ring (BLOCK_S 32, not 16). A verify flush at fill 14
+    leaves origin 14, so decode's third entry lands at ring index 16."""
+    L, T = 16, 2
+    pool = Pool(device, Cfg(config=(SO,)), seed=61, S=3, L=L, T=T)
+    for step in range(8):  # fills 0, 2, .., 14 -> flush: fill 2, origin 14
+        pool.step([1], MODE_VERIFY, T=T, accepted=[T], what=f"verify {step}")
+    assert (int(pool.fill[1]), int(pool.origin[1]), pool.cap) == (2, 14, 17)
+    for step in range(16):
+        pool.step([1], MODE_DECODE, what=f"decode {step}")
+    assert pool.flushes.get(1, 0) == 2, pool.flushes
+
+
 # --------------------------------------------------------------------------
 # flush only
 # --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config", [(), (NW2,)], ids=["default", "nw2"])
+@pytest.mark.parametrize("config", [(), (NW2,), (SO,)], ids=["default", "nw2", "storage"])
 @pytest.mark.parametrize("history", ["decode", "verify"])
 def test_flush_only(device, history, config):
     """After steps that leave rows at fills 0, 1, 3 (origin moved by verify),
