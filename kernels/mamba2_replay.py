@@ -530,11 +530,19 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
     more of them resident wins); (C)'s flush step 761 us at 3 per SM vs 928
     at 2 (fp32; bf16 563 vs 731); from batch 64 two heads per (B) program
     where the group splits evenly (b=256: 329.9 vs 339.5 us whole route, fp32;
-    198.1 vs 207.2 bf16; diag_mamba2_heads in benchmarks/NOTES.md)."""
+    198.1 vs 207.2 bf16; diag_mamba2_heads in benchmarks/NOTES.md).
+    Below batch 8 (decode there is the fused kernel, one latency-bound launch)
+    the ring is read in storage order, so its loads leave with the checkpoint
+    read instead of waiting for the origin cursor: batch 1, block 32, 4 warps,
+    5.6 / 5.0 us per step (fp32 / bf16 state) vs 6.4 / 5.6 in the record before
+    (kernels_mamba2_small.json; in its sweep 7.5 vs 8.1 and 7.0 vs 7.3 us
+    with the commit launch). Batches 2-7 follow batch 1 unmeasured; from 8
+    (verify, and decode at large batch is split) the logical order stays."""
     if batch >= 32:
         cfg = LaunchConfig(block=min(64, max(16, triton.next_power_of_2(headdim))), num_warps=2)
     else:
-        cfg = LaunchConfig(block=32 if headdim > 16 else 16, num_warps=4)
+        cfg = LaunchConfig(block=32 if headdim > 16 else 16, num_warps=4,
+                           storage_order=batch < SPLIT_MIN_BATCH)
     if route in SPLIT_ROUTES:
         two = batch >= 64 and heads_per_group % 2 == 0
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
