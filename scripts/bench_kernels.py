@@ -59,7 +59,6 @@ import datetime as _dt
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -74,6 +73,8 @@ import triton
 from triton.testing import do_bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from provenance import provenance  # noqa: E402
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -877,19 +878,6 @@ def prebuild_flashinfer(shapes, sdts):
                 print(f"flashinfer prebuild failed: {repr(e)[:200]}")
 
 
-def git_commit():
-    # GIT_COMMIT first: the device copy of the tree may carry a stale .git
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        sha = subprocess.check_output(["git", "-C", ROOT, "rev-parse", "HEAD"], text=True).strip()
-        dirty = subprocess.check_output(["git", "-C", ROOT, "status", "--porcelain",
-                                         "--untracked-files=no"], text=True).strip()
-        return sha + ("-dirty" if dirty else "")
-    except Exception:
-        return "unknown"
-
-
 # --------------------------------------------------------------------------
 # the shared main loop
 # --------------------------------------------------------------------------
@@ -930,7 +918,7 @@ def main():
     fam_versions = {}
     res = {
         "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
-        "git_commit": git_commit(),
+        **provenance(ROOT),
         "gpu": torch.cuda.get_device_name() if dev == "cuda" else "cpu (dry run, no timing)",
         "family": args.family,
         "versions": {},

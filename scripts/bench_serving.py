@@ -53,6 +53,8 @@ import urllib.request
 from sglang_replayssm.config import CHECKPOINT_DTYPES, DECODE_ROUTES, DUMMY_INIT_ENV
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+from provenance import provenance  # noqa: E402
 DEFAULT_PARTIAL_DIR = os.path.join(REPO, "benchmarks", "results", "partial")
 DEFAULT_RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
 
@@ -398,21 +400,6 @@ def _raise_on_sigterm(signum, frame):
 
 # --- environment / header ----------------------------------------------------
 
-def git_commit() -> str:
-    # GIT_COMMIT first: the device copy of the tree may carry a stale .git
-    # (a run at 70e6961 recorded an older commit from it).
-    if os.environ.get("GIT_COMMIT"):
-        return os.environ["GIT_COMMIT"]
-    try:
-        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
-
-
 def environment() -> dict:
     from importlib import metadata
     versions = {}
@@ -429,7 +416,7 @@ def environment() -> dict:
             gpu = torch.cuda.get_device_name(0)
     except ImportError:
         pass
-    return {"git_commit": git_commit(), "gpu": gpu, "versions": versions,
+    return {**provenance(REPO), "gpu": gpu, "versions": versions,
             "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 

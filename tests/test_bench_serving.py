@@ -322,10 +322,11 @@ def test_parity_floor_needs_parity(models, tmp_path):
                  "--parity-floor-group", "8", "--partial-dir", str(tmp_path)])
 
 
-def test_git_commit_falls_back_to_env(monkeypatch, tmp_path):
-    monkeypatch.setattr(bs, "REPO", str(tmp_path))  # no .git there
+def test_records_name_their_code(monkeypatch):
+    # the commit logic itself: tests/test_provenance.py
     monkeypatch.setenv("GIT_COMMIT", "deadbeef")
-    assert bs.git_commit() == "deadbeef"
+    env = bs.environment()
+    assert env["git_commit"] == "deadbeef" and "git_tree" in env
 
 
 def test_run_rejects_an_unknown_arm_before_starting_anything(models, tmp_path):
