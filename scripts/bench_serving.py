@@ -67,6 +67,13 @@ FAMILY_SERVER_FLAGS = {
     "mamba2": ["--attention-backend", "flashinfer"],
     "gdn": ["--attention-backend", "triton", "--moe-runner-backend", "triton"],
 }
+# per architecture, for every arm alike: SGLang 0.5.17's prefill CUDA graph
+# (backend "breakable", on by default) crashes stock FalconH1 at its first
+# request on the H200 (illegal memory access, --mamba-backend triton,
+# 2026-12-04, benchmarks/NOTES.md); without it the stock server answers
+ARCH_SERVER_FLAGS = {
+    "FalconH1ForCausalLM": ["--disable-prefill-cuda-graph"],
+}
 STOCK_ARM_FLAGS = {
     "mamba2": {"stock-triton": ["--mamba-backend", "triton"],
                "stock-flashinfer": ["--mamba-backend", "flashinfer"]},
@@ -89,10 +96,17 @@ def log(msg: str) -> None:
 
 # --- what to launch ----------------------------------------------------------
 
-def model_family(model_path: str) -> str:
+def model_architectures(model_path: str) -> list[str]:
     with open(os.path.join(model_path, "config.json")) as f:
-        archs = set(json.load(f).get("architectures", []))
-    return "gdn" if archs & GDN_ARCHITECTURES else "mamba2"
+        return list(json.load(f).get("architectures", []))
+
+
+def model_family(model_path: str) -> str:
+    return "gdn" if set(model_architectures(model_path)) & GDN_ARCHITECTURES else "mamba2"
+
+
+def arch_server_flags(model_path: str) -> list[str]:
+    return [f for a in model_architectures(model_path) for f in ARCH_SERVER_FLAGS.get(a, [])]
 
 
 # stock arms run only when named in --arms: too slow to be the stock to beat,
@@ -149,7 +163,7 @@ def server_command(model_path: str, family: str, arm: str, *, port: int, buffer_
                    python: str = sys.executable):
     return ([python, "-m", "sglang.launch_server", "--model-path", model_path,
              "--host", "127.0.0.1", "--port", str(port)]
-            + COMMON_SERVER_FLAGS + FAMILY_SERVER_FLAGS[family]
+            + COMMON_SERVER_FLAGS + FAMILY_SERVER_FLAGS[family] + arch_server_flags(model_path)
             + arm_flags(family, arm, buffer_len, checkpoint_dtype, decode_route)
             + list(extra_args))
 

@@ -19,8 +19,9 @@ import make_model  # noqa: E402
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    make_model.write_model_configs(str(root), ["nemotron-h-8b", "qwen3-next-80b"])
-    return {n: make_model.model_dir(str(root), n) for n in ("nemotron-h-8b", "qwen3-next-80b")}
+    names = ["nemotron-h-8b", "qwen3-next-80b", "falcon-h1-4layer"]
+    make_model.write_model_configs(str(root), names)
+    return {n: make_model.model_dir(str(root), n) for n in names}
 
 
 def _flag_value(cmd, flag):
@@ -54,6 +55,16 @@ def test_server_commands_differ_only_in_the_arm_flags(models):
         assert _flag_value(common, flag) == value
     assert "--disable-radix-cache" in common and "--disable-flashinfer-autotune" in common
     assert common[:3] == ["python3", "-m", "sglang.launch_server"]
+
+
+def test_architecture_flags_go_to_every_arm(models):
+    """FalconH1 serves without SGLang's prefill CUDA graph (it crashes stock
+    FalconH1 on the H200), in every arm alike; other models keep it."""
+    path = models["falcon-h1-4layer"]
+    for arm in bs.arms_for("mamba2"):
+        assert "--disable-prefill-cuda-graph" in bs.server_command(path, "mamba2", arm, port=1)
+    assert "--disable-prefill-cuda-graph" not in bs.server_command(
+        models["nemotron-h-8b"], "mamba2", "stock-triton", port=1)
 
 
 def test_gdn_commands_and_extra_args(models):
@@ -380,7 +391,8 @@ def test_stock_arm_commands_parse_with_sglangs_own_arguments(models):
     (the replayssm arm's flags come from this package's plugin)."""
     import argparse
     server_args = pytest.importorskip("sglang.srt.server_args")
-    for name, family in (("nemotron-h-8b", "mamba2"), ("qwen3-next-80b", "gdn")):
+    for name, family in (("nemotron-h-8b", "mamba2"), ("qwen3-next-80b", "gdn"),
+                         ("falcon-h1-4layer", "mamba2")):
         for arm in bs.arms_for(family):
             if arm == bs.REPLAY_ARM:
                 continue
@@ -390,6 +402,7 @@ def test_stock_arm_commands_parse_with_sglangs_own_arguments(models):
             assert ns.load_format == "dummy" and ns.disable_radix_cache
             assert ns.max_running_requests == 256 and ns.disable_flashinfer_autotune
             assert ns.enable_linear_replayssm == (arm == bs.SGLANG_REPLAY_ARM)
+            assert ns.disable_prefill_cuda_graph == (name == "falcon-h1-4layer")
             if family == "mamba2":
                 assert ns.mamba_backend == arm[len("stock-"):]
                 assert ns.attention_backend == "flashinfer"
