@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .cursors import required_capacity
+from .cursors import max_positions, required_capacity
 
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -109,6 +109,16 @@ def softplus(x):
     return tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
 
 
+def ring_block(buffer_len: int, window: int, capacity: int, storage_order: bool = False) -> int:
+    """BLOCK_S of a launch: the logical positions one step touches (history +
+    window), or in storage order the whole ring (:func:`ring_positions`),
+    which a pool built for longer windows makes larger."""
+    n = max_positions(buffer_len, max(window, 1))
+    if storage_order:
+        n = max(n, capacity)
+    return max(16, triton.next_power_of_2(n))
+
+
 @triton.jit
 def ring_positions(offs_s, fill, origin, capacity, T: tl.constexpr, STORAGE_ORDER: tl.constexpr):
     """The ring entries a step sees, ``offs_s`` = 0 .. BLOCK_S-1, in one of two orders.
@@ -150,7 +160,7 @@ def ring_positions(offs_s, fill, origin, capacity, T: tl.constexpr, STORAGE_ORDE
 def ring_cumsum(x, pos, STORAGE_ORDER: tl.constexpr):
     """Inclusive prefix sum of x [S] in logical order: x at positions
     ``pos`` (from :func:`ring_positions`) summed over positions <= pos. In
-    storage order an [S, S] masked sum (S <= 64), else tl.cumsum."""
+    storage order an [S, S] masked sum (S = BLOCK_S, the ring), else tl.cumsum."""
     if STORAGE_ORDER:
         return tl.sum(tl.where(pos[None, :] <= pos[:, None], x[None, :], 0.0), axis=1)
     else:

@@ -63,10 +63,9 @@ import triton
 import triton.language as tl
 
 from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
-                     check_live_cursors, check_pool, dot_precision, ring_cumsum, ring_positions,
-                     softplus,
-                     split_config)
-from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
+                     check_live_cursors, check_pool, dot_precision, ring_block, ring_cumsum,
+                     ring_positions, softplus, split_config)
+from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
 
@@ -628,7 +627,7 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             check_finite(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
     if validate:
         check_live_cursors(fill, slot_ids, num_slots, buffer_len)
-    BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
+    BLOCK_S = ring_block(buffer_len, T, cap)
     if route in SPLIT_ROUTES:
         # config first: a bad one is refused before any launch
         if config is None:
@@ -652,8 +651,7 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         return out
 
     cfg = config or default_config(V, K, checkpoint.dtype, batch)
-    if cfg.storage_order:  # the whole ring is read: a pool built for longer windows has more
-        BLOCK_S = max(BLOCK_S, triton.next_power_of_2(cap))
+    BLOCK_S = ring_block(buffer_len, T, cap, cfg.storage_order)
     BLOCK_K = max(16, triton.next_power_of_2(K))
     qkv = mixed_qkv if mixed_qkv is not None else g_buffer.new_empty(batch, 1, 1)
     a_ = a if a is not None else qkv

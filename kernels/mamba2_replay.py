@@ -58,8 +58,8 @@ import triton.language as tl
 
 from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      check_fold_copy, check_live_cursors, check_pool, dot_precision,
-                     ring_cumsum, ring_positions, softplus, split_config)
-from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY, max_positions
+                     ring_block, ring_cumsum, ring_positions, softplus, split_config)
+from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_dot as _fold
 from .fold import launch_split_fold
 from .fold import split_fold_kernel as _mamba2_split_fold_kernel  # noqa: F401 (tests, regs)
@@ -643,7 +643,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     if batch == 0:
         return out
 
-    BLOCK_S = max(16, triton.next_power_of_2(max_positions(buffer_len, max(T, 1))))
+    BLOCK_S = ring_block(buffer_len, T, cap)
     if route in SPLIT_ROUTES:
         _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
                       x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, None if z is None else z[:, 0],
@@ -651,8 +651,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
                       BLOCK_S)
         return out
     cfg = config or default_config(P, N, checkpoint.dtype, batch)
-    if cfg.storage_order:  # the whole ring is read: a pool built for longer windows has more
-        BLOCK_S = max(BLOCK_S, triton.next_power_of_2(cap))
+    BLOCK_S = ring_block(buffer_len, T, cap, cfg.storage_order)
     BLOCK_N = max(16, triton.next_power_of_2(N))
     dummy = dt_buffer
     xs = x if x is not None else x_buffer.new_empty(batch, 1, H, P)

@@ -323,7 +323,7 @@ FUSED_DECODE_CASES = [
     Cfg(state=BF16, act=BF16, route="reconstruct", z=False, P=24),
     Cfg(act=BF16, D=False),
     Cfg(act=F16, state=F16, layout="sglang", P=24),
-    # storage order (no split twins: SPLIT_KNOBS is one shorter)
+    # storage order (no split twins: SPLIT_KNOBS is two shorter)
     Cfg(P=24, config=(BP16, SO)),
     Cfg(state=BF16, act=BF16, route="reconstruct", z=False, config=(SO,)),
 ]
