@@ -50,7 +50,9 @@ def commit_of_tree(root: str, tree: str) -> str | None:
 
 def git_commit(root: str, tree: str | None = None) -> str:
     """GIT_COMMIT if set; else the commit whose tree the working tree is;
-    else HEAD + "-dirty" (then only the record's git_tree says what ran)."""
+    else HEAD + "-dirty" (then only the record's git_tree says what ran).
+    Where the tree cannot be hashed (a read-only .git), HEAD and
+    `git status` decide, as before there was a tree."""
     if os.environ.get("GIT_COMMIT"):
         return os.environ["GIT_COMMIT"]
     tree = tree or git_tree(root)
@@ -59,7 +61,9 @@ def git_commit(root: str, tree: str | None = None) -> str:
         if sha:
             return sha
     try:
-        return _git(root, "rev-parse", "HEAD") + "-dirty"
+        head = _git(root, "rev-parse", "HEAD")
+        dirty = tree != "unknown" or _git(root, "status", "--porcelain")
+        return head + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
