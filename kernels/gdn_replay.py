@@ -92,7 +92,7 @@ def _fold(h, us, ks, g_cum, pos, last, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _flush(h, us, ks, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr, ck_off,
+def _flush(us, ks, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr, ck_off,
            m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin, is_win,
            HAS_FOLD_COPY: tl.constexpr, BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold logical positions 0..last into the checkpoint and store it; returns
@@ -101,7 +101,13 @@ def _flush(h, us, ks, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
     (ring history, loaded at ``ring_ok`` and kept at ``is_hist``, + the
     window's ``vwin``/``bwin``; ``pos`` as ring_positions returns it): the u_s in
     ``us`` were computed from the read copy, and folding them would carry its
-    rounding into the recurrence. Both copies are written."""
+    rounding into the recurrence. Both copies are written.
+
+    The tile folded is read here, not passed in from the step's read of it
+    (an L2 hit: the same program just read it). Folding the caller's tile
+    made Triton (3.6) convert a bf16 checkpoint to the dot's MMA layout right
+    at that load, outside the flush branch, so every plain step paid a shared
+    memory round trip of the whole tile (scripts/kernel_regs.py --layouts)."""
     if HAS_FOLD_COPY:
         h = tl.load(fold_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)
         vs = tl.load(vbuf_ptr + vb_off, mask=ring_ok[:, None] & mask_v[None, :],
@@ -114,6 +120,7 @@ def _flush(h, us, ks, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
         h = _fold(h, us, ks, cum, pos, last, DOT_PRECISION)
         tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_vk)
     else:
+        h = tl.load(ckpt_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)
         h = _fold(h, us, ks, cum, pos, last, DOT_PRECISION)
     tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_vk)
     return h
@@ -200,14 +207,14 @@ def _gdn_replay_kernel(
 
     no_win = offs_s < 0
     if MODE == 2:
-        h = _flush(h, us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+        h = _flush(us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
                    ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin, no_win,
                    HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
     else:
         if MODE == 1:
             # verify: flush the committed history first when the window would fill the buffer
             if fill + T >= buffer_len:
-                h = _flush(h, us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr,
+                h = _flush(us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr,
                            betabuf_ptr, ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v,
                            vwin, bwin, no_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
                 lo = fill
@@ -249,7 +256,7 @@ def _gdn_replay_kernel(
             # decode: a full buffer folds history + this token at the end of the step
             flush = fill + 1 >= buffer_len
             if flush:
-                h = _flush(h, us, ks, cum, pos, fill, ckpt_ptr, fold_ptr, vbuf_ptr,
+                h = _flush(us, ks, cum, pos, fill, ckpt_ptr, fold_ptr, vbuf_ptr,
                            betabuf_ptr, ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v,
                            vwin, bwin, is_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
             n_write = tl.where(flush, 0, 1)

@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
-"""Registers, spills and shared memory of the split-route kernels (Mamba-2
-and GDN) for sm_90, compiled offline: no GPU needed (Triton's bundled
+"""Registers, spills and shared memory of the kernels (Mamba-2 and GDN, split
+route and fused) for sm_90, compiled offline: no GPU needed (Triton's bundled
 ptxas), so launch knobs can be screened before spending device time.
+
+Also listed: every state tile (2-D) that the compiled kernel converts to a
+tensor-core (MMA) layout outside any branch, i.e. on every step. A tile
+folded by tl.dot only on the flush step should be converted inside that
+branch; Triton 3.6 has hoisted such a conversion of a bf16 checkpoint to
+its load (a shared-memory round trip of the tile per plain step, the GDN
+fused kernel until 2026-12-04).
 
 Approximates the JIT's specialisation at the Nemotron-H shape (H=128, P=64,
 N=128, G=8, L=16; bf16 activations, fp32 dt ring) and the Qwen3-Next GDN
@@ -59,8 +66,25 @@ def report(name, fn, ptr_types, consts, num_warps):
     os.unlink(f.name)
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes spill stores", info)
+    hoisted = unconditional_mma_tiles(k.asm["ttgir"])
     print(f"{name:<44} warps={num_warps}: {regs.group(1) if regs else '?':>3} registers, "
-          f"{spill.group(1) if spill else '?':>4} B spilled, {k.metadata.shared:>6} B shared")
+          f"{spill.group(1) if spill else '?':>4} B spilled, {k.metadata.shared:>6} B shared"
+          + (f", tiles to MMA layout on every step: {' '.join(hoisted)}" if hoisted else ""))
+
+
+def unconditional_mma_tiles(ttgir: str) -> list[str]:
+    """Shapes of the 2-D tensors converted to an MMA layout at the function
+    body's top level (not inside an scf.if / scf.for region). Region depth
+    is counted by braces: module and tt.func open two; attribute dicts open
+    and close on their own line."""
+    found, depth = [], 0
+    for line in ttgir.splitlines():
+        if depth == 2 and "ttg.convert_layout" in line:
+            m = re.search(r"-> tensor<(\d+)x(\d+)x(\w+), #mma", line)
+            if m and int(m.group(1)) > 1 and int(m.group(2)) > 1:
+                found.append(f"{m.group(1)}x{m.group(2)}x{m.group(3)}")
+        depth += line.count("{") - line.count("}")
+    return found
 
 
 def mamba2():
@@ -174,13 +198,34 @@ def gdn_fused():
                         "out_ptr": "*bf16"},
                        {"T": 1, "MODE": 0, "BLOCK_S": L, "BLOCK_V": block, "BLOCK_K": K,
                         "USE_QK_L2NORM": True, "HAS_FOLD_COPY": has_fold,
-                        "DOT_PRECISION": "tf32x3"}, nw)
+                        "STORAGE_ORDER": False, "DOT_PRECISION": "tf32x3"}, nw)
+
+
+def mamba2_fused():
+    """The fused decode kernel (MODE 0, T = 1) as it runs below batch 8:
+    ring in storage order, both routes."""
+    act = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "fill_ptr": "*i32",
+           "origin_ptr": "*i32", "slot_ptr": "*i32", "x_ptr": "*bf16", "dt_ptr": "*bf16",
+           "B_ptr": "*bf16", "C_ptr": "*bf16", "z_ptr": "*bf16", "A_ptr": "*fp32",
+           "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16"}
+    for sdt in ("fp32", "bf16"):
+        for reconstruct in (False, True):
+            for block in (16, 32):
+                for nw in (2, 4):
+                    report(f"fused decode {sdt} reconstruct={reconstruct} block={block}",
+                           m2._mamba2_replay_kernel,
+                           dict(act, ckpt_ptr=f"*{sdt}", fold_ptr=f"*{sdt}"),
+                           {"T": 1, "MODE": 0, "BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N,
+                            "RECONSTRUCT": reconstruct, "HAS_FOLD_COPY": False, "HAS_D": True,
+                            "HAS_Z": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
+                            "STORAGE_ORDER": True, "DOT_PRECISION": "tf32x3"}, nw)
 
 
 def main():
     which = sys.argv[1:] or ["mamba2", "gdn"]
     if "mamba2" in which:
         mamba2()
+        mamba2_fused()
     if "gdn" in which:
         gdn_split()
         gdn_fused()
