@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import glob
+import hashlib
 import json
 import os
 import random
@@ -288,6 +289,24 @@ def parity_prompts(n: int, length: int, seed: int = 1234, low: int = 10, high: i
     return [[rng.randrange(low, high) for _ in range(length)] for _ in range(n)]
 
 
+def prompts_digest(prompts) -> str:
+    """sha256 of the prompt token ids (compact JSON), what a greedy dump keeps
+    of its prompts: they are parity_prompts(n, input_len) again, and the ids
+    themselves were half of each partial's bytes (the repo travels to the GPU
+    host within 64 MiB)."""
+    return hashlib.sha256(json.dumps(prompts, separators=(",", ":")).encode()).hexdigest()
+
+
+def greedy_dump(prompts, outputs, **extra) -> dict:
+    return {"prompts_sha256": prompts_digest(prompts), "num_prompts": len(prompts),
+            "prompt_len": len(prompts[0]) if prompts else 0, **extra, "outputs": outputs}
+
+
+def _dump_prompts_id(dump: dict) -> str:
+    # partials written before 2026-12-04 night carry the ids themselves
+    return dump["prompts_sha256"] if "prompts_sha256" in dump else prompts_digest(dump["prompts"])
+
+
 def parse_generate_outputs(response) -> list[dict]:
     """/generate (batch, return_logprob) -> [{ids, logprobs}] per prompt;
     meta_info.output_token_logprobs holds (logprob, token_id, text) triples."""
@@ -311,7 +330,7 @@ def compare_parity(stock: dict, replay: dict, *, model: str, checkpoint_dtype: s
     gap means a near-tie). Also: the largest logprob difference over the
     positions before each prompt's divergence."""
     s_out, r_out = stock["outputs"], replay["outputs"]
-    assert stock["prompts"] == replay["prompts"], "the two dumps used different prompts"
+    assert _dump_prompts_id(stock) == _dump_prompts_id(replay), "the two dumps used different prompts"
     identical, first, max_diff, agree = 0, None, 0.0, []
     for p, (a, b) in enumerate(zip(s_out, r_out)):
         n = min(len(a["ids"]), len(b["ids"]))
@@ -475,7 +494,7 @@ def parity_floor_dump(args, url: str, tag: str, prompts) -> dict:
     outputs = []
     for i in range(0, len(prompts), n):
         outputs += generate_greedy(url, prompts[i:i + n], args.parity_tokens, args.bench_timeout)
-    return {"group": n, "prompts": prompts, "outputs": outputs}
+    return greedy_dump(prompts, outputs, group=n)
 
 
 def profile_arm(args, url: str, tag: str) -> dict:
@@ -573,8 +592,8 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
             if args.parity:
                 prompts = parity_prompts(args.parity_prompts, args.input_len)
                 log(f"{tag}: greedy dump, {len(prompts)} prompts x {args.parity_tokens} tokens")
-                record["parity"] = {"prompts": prompts, "outputs": generate_greedy(
-                    url, prompts, args.parity_tokens, args.bench_timeout)}
+                record["parity"] = greedy_dump(prompts, generate_greedy(
+                    url, prompts, args.parity_tokens, args.bench_timeout))
                 if args.parity_floor_group:
                     record["parity_floor"] = parity_floor_dump(args, url, tag, prompts)
             if args.profile_steps:
@@ -606,7 +625,8 @@ def cmd_run(args) -> int:
         record = run_arm(args, arm, family, env)
         path = partial_path(args.partial_dir, args.model, record["arm"])
         with open(path, "w") as f:
-            json.dump(record, f, indent=1)
+            # compact: the greedy dumps are 64 x 128 ids and logprobs
+            json.dump(record, f, separators=(",", ":"))
         log(f"wrote {path}" + (f" (error: {record['error'][:200]})" if record["error"] else ""))
         failed += record["error"] is not None
         if record["error"] and record["error"].startswith("SystemExit"):

@@ -190,8 +190,8 @@ def _partial(model, family, arm, tok_s, parity=None, dtype=None, **extra):
 
 
 def _dump(ids_per_prompt, lps_per_prompt):
-    return {"prompts": [[7, 8]] * len(ids_per_prompt),
-            "outputs": [{"ids": i, "logprobs": l} for i, l in zip(ids_per_prompt, lps_per_prompt)]}
+    return bs.greedy_dump([[7, 8]] * len(ids_per_prompt),
+                          [{"ids": i, "logprobs": l} for i, l in zip(ids_per_prompt, lps_per_prompt)])
 
 
 STOCK_DUMP = _dump([[1, 2, 3, 4], [5, 6, 7, 8], [9, 9, 9, 9]],
@@ -208,10 +208,22 @@ def test_compare_parity_finds_the_first_divergence():
     assert e["max_logprob_diff_before_divergence"] == pytest.approx(1e-4)
     same = bs.compare_parity(STOCK_DUMP, STOCK_DUMP, model="m", checkpoint_dtype="auto")
     assert same["identical_prompts"] == 3 and same["first_divergence"] is None
+    other_prompts = bs.greedy_dump([[1]] * 3, REPLAY_DUMP["outputs"])
     with pytest.raises(AssertionError):
-        bs.compare_parity(STOCK_DUMP, dict(REPLAY_DUMP, prompts=[[1]] * 3), model="m",
-                          checkpoint_dtype="auto")
+        bs.compare_parity(STOCK_DUMP, other_prompts, model="m", checkpoint_dtype="auto")
     assert e["informative"] and "note" not in e
+
+
+def test_greedy_dump_keeps_a_digest_of_its_prompts():
+    prompts = bs.parity_prompts(4, 16)
+    dump = bs.greedy_dump(prompts, [])
+    assert "prompts" not in dump and dump["num_prompts"] == 4 and dump["prompt_len"] == 16
+    assert dump["prompts_sha256"] == bs.greedy_dump(bs.parity_prompts(4, 16), [])["prompts_sha256"]
+    assert dump["prompts_sha256"] != bs.greedy_dump(bs.parity_prompts(4, 16, seed=1), [])["prompts_sha256"]
+    # a partial from before the digest (the ids themselves) compares with a new one
+    old_style = {"prompts": [[7, 8]] * 3, "outputs": REPLAY_DUMP["outputs"]}
+    e = bs.compare_parity(STOCK_DUMP, old_style, model="m", checkpoint_dtype="auto")
+    assert e["identical_prompts"] == 1
 
 
 def test_compare_parity_flags_flat_logits():
