@@ -16,9 +16,10 @@ between them. What is folded depends on the mode:
 * ``MODE_DECODE`` (T = 1, the token is always accepted): the fold happens at
   the end of the step and includes the current token; the buffer becomes
   empty (``fill = origin = 0``). One flush every ``buffer_len`` steps.
-* ``MODE_VERIFY`` (T draft tokens, acceptance unknown): the fold happens at
-  the start of the step and covers only the committed history; the window
-  stays in the ring right after it, so commit moves ``origin`` past the
+* ``MODE_VERIFY`` (T draft tokens, acceptance unknown): the fold covers only
+  the committed history (the kernels fold it after computing the window's
+  outputs from the checkpoint as read); the window stays in the ring right
+  after it, so commit moves ``origin`` past the
   folded entries and sets ``fill = accepted``. Otherwise ``fill +=
   accepted``; rejected drafts are simply not counted (rollback = no move).
 * ``MODE_FLUSH`` (T = 0): fold everything buffered, ``fill = origin = 0``.

@@ -17,9 +17,12 @@ h <- h + v' k^T; o = h q) is rewritten with u_t = v'_t as
 
 so a step reads the checkpoint once (two reductions over K: ``h_c k`` and
 ``h_c q``) and writes nothing but its ring entry; a flush folds
-``h_c <- exp(cum_n) h_c + sum_s exp(cum_n - cum_s) u_s k_s^T`` (tl.dot).
+``h_c <- exp(cum_n) h_c + sum_s exp(cum_n - cum_s) u_s k_s^T`` (tl.dot),
+after the step's outputs, re-reading the tile (an L2 hit).
 ``u_s`` is exact for the checkpoint it was computed from, which is the one
-folded, so a single-precision checkpoint accumulates no extra error.
+folded, so a single-precision checkpoint accumulates no extra error (a
+verify window that triggers a flush computed its u_s from the checkpoint
+before it plus the folded history: the same state up to the fold's rounding).
 
 Inputs are read as SGLang's GDN decode passes them: the post-conv packed row
 ``mixed_qkv`` = [q (H*K) | k (H*K) | v (HV*V)], gates ``a``/``b`` [.., HV],
@@ -95,10 +98,9 @@ def _fold(h, us, ks, g_cum, pos, last, DOT_PRECISION: tl.constexpr):
 def _flush(us, ks, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr, ck_off,
            m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin, is_win,
            HAS_FOLD_COPY: tl.constexpr, BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Fold logical positions 0..last into the checkpoint and store it; returns
-    the folded state (fp32). With a fold copy the fold starts from the
-    precise copy and recomputes the corrected values from the raw inputs
-    (ring history, loaded at ``ring_ok`` and kept at ``is_hist``, + the
+    """Fold logical positions 0..last into the checkpoint and store it. With a
+    fold copy the fold starts from the precise copy and recomputes the
+    corrected values from the raw inputs (ring history, loaded at ``ring_ok`` and kept at ``is_hist``, + the
     window's ``vwin``/``bwin``; ``pos`` as ring_positions returns it): the u_s in
     ``us`` were computed from the read copy, and folding them would carry its
     rounding into the recurrence. Both copies are written.
@@ -107,7 +109,8 @@ def _flush(us, ks, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr, ck
     (an L2 hit: the same program just read it). Folding the caller's tile
     made Triton (3.6) convert a bf16 checkpoint to the dot's MMA layout right
     at that load, outside the flush branch, so every plain step paid a shared
-    memory round trip of the whole tile (scripts/kernel_regs.py --layouts)."""
+    memory round trip of the whole tile (scripts/kernel_regs.py lists such
+    conversions)."""
     if HAS_FOLD_COPY:
         h = tl.load(fold_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)
         vs = tl.load(vbuf_ptr + vb_off, mask=ring_ok[:, None] & mask_v[None, :],
@@ -123,7 +126,16 @@ def _flush(us, ks, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr, ck
         h = tl.load(ckpt_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)
         h = _fold(h, us, ks, cum, pos, last, DOT_PRECISION)
     tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_vk)
-    return h
+
+
+@triton.jit
+def _head_vector(ptr, mask_k, USE_QK_L2NORM: tl.constexpr):
+    """A q or k head vector [K] of mixed_qkv in fp32, L2-normalised as the
+    stock kernel does (x / sqrt(sum x^2 + 1e-6))."""
+    x = tl.load(ptr, mask=mask_k, other=0.0).to(tl.float32)
+    if USE_QK_L2NORM:
+        x = x / tl.sqrt(tl.sum(x * x) + 1e-6)
+    return x
 
 
 @triton.jit
@@ -198,47 +210,38 @@ def _gdn_replay_kernel(
         a_j = tl.load(a_ptr + row * s_a_row + j * s_a_t + hv).to(tl.float32)
         g_j = -tl.exp(A_log) * softplus(a_j + dt_bias)
         g_s = tl.where(pos == fill + j, g_j, g_s)
-        k_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + H * K + hk * K + offs_k,
-                      mask=mask_k, other=0.0).to(tl.float32)
-        if USE_QK_L2NORM:
-            k_j = k_j / tl.sqrt(tl.sum(k_j * k_j) + 1e-6)
+        k_j = _head_vector(qkv_ptr + row * s_qkv_row + j * s_qkv_t + H * K + hk * K + offs_k,
+                           mask_k, USE_QK_L2NORM)
         ks = tl.where((pos == fill + j)[:, None], k_j[None, :], ks)
     cum = ring_cumsum(g_s, pos, STORAGE_ORDER)
 
     no_win = offs_s < 0
     if MODE == 2:
-        h = _flush(us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
-                   ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin, no_win,
-                   HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
+        _flush(us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+               ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin, no_win,
+               HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
     else:
-        if MODE == 1:
-            # verify: flush the committed history first when the window would fill the buffer
-            if fill + T >= buffer_len:
-                h = _flush(us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr,
-                           betabuf_ptr, ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v,
-                           vwin, bwin, no_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
-                lo = fill
-            else:
-                lo = fill * 0
-        else:
-            lo = fill * 0
-        base = tl.sum(tl.where(pos == lo - 1, cum, 0.0), axis=0)  # cum at the checkpoint
+        # outputs from the checkpoint as read, over history + window; a flush
+        # comes after them (decode and verify alike), so the tile the outputs
+        # reduce keeps one layout (a fold before the outputs made Triton move
+        # the tile to the dot's layout on every verify step)
         for j in tl.static_range(T):
             q_pos = fill + j
             cum_q = tl.sum(tl.where(pos == q_pos, cum, 0.0), axis=0)
-            k_j = tl.sum(tl.where((pos == q_pos)[:, None], ks, 0.0), axis=0)      # [K]
-            q_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
-                          mask=mask_k, other=0.0).to(tl.float32)
-            if USE_QK_L2NORM:
-                q_j = q_j / tl.sqrt(tl.sum(q_j * q_j) + 1e-6)
-            q_j = q_j * scale
+            # the key from its input again (the same load and norm as above,
+            # which the compiler may share), not picked out of the ring tile:
+            # h_c k_j then waits for the checkpoint read only, not for the
+            # cursor -> ring loads as well
+            k_j = _head_vector(qkv_ptr + row * s_qkv_row + j * s_qkv_t + H * K + hk * K + offs_k,
+                               mask_k, USE_QK_L2NORM)
+            q_j = _head_vector(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
+                               mask_k, USE_QK_L2NORM) * scale
             v_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + 2 * H * K + hv * V + offs_v,
                           mask=mask_v, other=0.0).to(tl.float32)
             b_j = tl.load(b_ptr + row * s_b_row + j * s_b_t + hv)
             beta = tl.sigmoid(b_j.to(tl.float32)).to(b_j.dtype).to(tl.float32)
-            decay = tl.exp(cum_q - base)
-            w = tl.where((pos >= lo) & (pos < q_pos),
-                         tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)              # [S]
+            decay = tl.exp(cum_q)
+            w = tl.where(pos < q_pos, tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)    # [S]
             kk = tl.sum(ks * k_j[None, :], axis=1)                              # k_s . k_j
             kq = tl.sum(ks * q_j[None, :], axis=1)                              # k_s . q_j
             # u_j = beta (v_j - (decayed state before j) k_j)
@@ -256,11 +259,18 @@ def _gdn_replay_kernel(
             # decode: a full buffer folds history + this token at the end of the step
             flush = fill + 1 >= buffer_len
             if flush:
-                h = _flush(us, ks, cum, pos, fill, ckpt_ptr, fold_ptr, vbuf_ptr,
-                           betabuf_ptr, ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v,
-                           vwin, bwin, is_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
+                _flush(us, ks, cum, pos, fill, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+                       ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin,
+                       is_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
             n_write = tl.where(flush, 0, 1)
         else:
+            # verify: a window that would fill the buffer folds the committed
+            # history (the window's u do not depend on which checkpoint they
+            # were computed from: they are the recurrence's corrected values)
+            if fill + T >= buffer_len:
+                _flush(us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+                       ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin,
+                       no_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
             n_write = T
         # append the window: u by every V slice, g by the first V slice of each
         # v-head, k by the first V slice of the k-head's first v-head

@@ -223,28 +223,19 @@ def _mamba2_replay_kernel(
         total = tl.sum(tl.where(is_hist, dt * A, 0.0), axis=0)
         if MODE == 1:
             # ---- verify: T drafts, output-only, the window is never folded ----
-            flush = fill + T >= buffer_len
-            if flush:
-                if HAS_FOLD_COPY:
-                    h_c = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
-                h = _fold(h_c.to(tl.float32), xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
-                tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
-                if HAS_FOLD_COPY:
-                    tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
-                lo = fill
-                base = total
-            else:
-                h = h_c.to(tl.float32)
-                lo = fill * 0
-                base = total * 0.0
+            # Outputs from the checkpoint as read over history + window; the
+            # flush of the history (when the window would fill the buffer)
+            # comes after them: folding first made Triton move the tile to
+            # the dot's layout on every verify step (scripts/kernel_regs.py)
+            h = h_c.to(tl.float32)
             for j in tl.static_range(T):
                 q = fill + j
                 C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
                               mask=mask_n, other=0.0).to(tl.float32)
                 cum_q = tl.sum(tl.where(pos == q, cum, 0.0), axis=0)
-                live = (pos >= lo) & (pos <= q)
+                live = pos <= q
                 w = tl.where(live, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
-                decay = tl.exp(cum_q - base)
+                decay = tl.exp(cum_q)
                 if RECONSTRUCT:
                     h_q = h * decay + tl.dot(tl.trans(xs * w[:, None]), Bs,
                                              input_precision=DOT_PRECISION)
@@ -259,6 +250,17 @@ def _mamba2_replay_kernel(
                                z_ptr + row * s_z_row + j * s_z_t + head * s_z_head + offs_p,
                                out_ptr + row * s_o_row + j * s_o_t + head * s_o_head + offs_p,
                                mask_p, HAS_D, HAS_Z)
+            if fill + T >= buffer_len:
+                # the tile folded is read again (L2-hot), not taken from h_c,
+                # for the same reason (the fold copy is the precise one)
+                if HAS_FOLD_COPY:
+                    h_f = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
+                else:
+                    h_f = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0)
+                h_f = _fold(h_f.to(tl.float32), xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
+                tl.store(ckpt_ptr + ck_off, h_f.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
+                if HAS_FOLD_COPY:
+                    tl.store(fold_ptr + ck_off, h_f.to(fold_ptr.dtype.element_ty), mask=m_pn)
             write = is_win
         else:
             # ---- flush only: fold the whole buffer ----

@@ -398,7 +398,7 @@ def test_fold_copy_keeps_the_recurrence_at_fp32(device, route):
 @pytest.mark.parametrize("route", ["fused", "fused_storage"])
 def test_fold_copy_through_verify_and_flush(device, route):
     """Chain verify with random acceptance and flush-only passes on a dual
-    precision pool: the verify pre-flush and MODE_FLUSH recompute u too."""
+    precision pool: the verify flush and MODE_FLUSH recompute u too."""
     T, L = 2, 5
     pool = Pool(device, state=BF16, ring=BF16, kring=F32, L=L, T=T, seed=13, fold=True,
                 route=route)
