@@ -5,7 +5,7 @@
 # MODEL_ROOT (default .model) holds the output of make_model.py.
 # Unpacks the bundle to /tmp/site once per machine, puts it and stubsite/ on
 # PYTHONPATH, copies the tokenizer into every *-dummy model dir, and sets the
-# offline env vars.
+# offline env vars; defines replayssm_install (the editable install of this repo).
 _H200=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 _B=$(cd "${1:-.whl517}" && pwd); _M=$(cd "${2:-.model}" 2>/dev/null && pwd)
 if [ ! -f /tmp/site/.unpacked ]; then
@@ -27,3 +27,14 @@ if [ -n "$_M" ] && [ -f "$_M/tok/tokenizer.json.xz" ]; then
     done
   done
 fi
+
+# Install this package (editable, no deps, no index) so that SGLang finds its
+# plugin entry point. No version check: the host has no network, and a pip
+# that tries one waits for it (the install took ~70 s on the H200 against
+# ~2 s here; this line and the timing are there to find out which).
+replayssm_install() {
+  local t=$(date +%s)
+  python3 -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+    --no-index -e . 2>&1 | tail -3
+  echo "[setup] installed sglang-replayssm in $(( $(date +%s) - t ))s"
+}

@@ -20,7 +20,7 @@ OUT=${OUT:-$ROOT/gpu-results}; mkdir -p "$OUT"
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 . scripts/gpu/device_setup.sh .whl517 .model
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -3
+replayssm_install
 echo "[gpu] setup done at $(( $(date +%s) - T0 ))s"
 rc=0
 if [ "${SKIP_CHECK:-0}" != 1 ]; then

@@ -23,7 +23,7 @@ OUT=${OUT:-$ROOT/gpu-results}; mkdir -p "$OUT"; export OUT
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 . scripts/gpu/device_setup.sh .whl517 .model
-python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . 2>&1 | tail -3
+replayssm_install
 echo "[serve] setup done at $(( $(date +%s) - T0 ))s"
 timeout -k 15 "${RUN_TIMEOUT:-570}" python3 scripts/bench_serving.py run --model "$MODEL" \
   --arms "$ARM" --model-root .model --partial-dir "$OUT" --log-dir "$OUT" "$@"
