@@ -527,6 +527,27 @@ def profile_arm(args, url: str, tag: str) -> dict:
     return summary
 
 
+# what a partial keeps of each run when --repeats > 1
+REPEAT_KEYS = ("batch", "output_tok_s", "itl_ms", "ttft_s", "step_ms")
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """Per batch size (in the order of the first run), the row of the run
+    with the median output throughput, the lower middle one for an even
+    count: a whole row of one measurement, so its ITL, TTFT and step agree."""
+    order, by_batch = [], {}
+    for rows in runs:
+        for r in rows:
+            if r["batch"] not in by_batch:
+                order.append(r["batch"])
+            by_batch.setdefault(r["batch"], []).append(r)
+    out = []
+    for bs in order:
+        ranked = sorted(by_batch[bs], key=lambda r: r["output_tok_s"])
+        out.append(ranked[(len(ranked) - 1) // 2])
+    return out
+
+
 def run_arm(args, arm: str, family: str, env: dict) -> dict:
     arm, decode_route = split_arm(arm, args.decode_route)
     label = arm_label(arm, args.checkpoint_dtype, decode_route)
@@ -534,8 +555,6 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
     tag = f"{args.model}_{label}"
     os.makedirs(args.log_dir, exist_ok=True)
     result_file = os.path.join(args.log_dir, f"bench_{tag}.jsonl")
-    if os.path.exists(result_file):
-        os.remove(result_file)  # bench_one_batch_server appends
     launch = server_command(args.model_path, family, arm, port=args.port,
                             buffer_len=args.buffer_len, checkpoint_dtype=args.checkpoint_dtype,
                             decode_route=decode_route,
@@ -562,33 +581,45 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
             log(f"{tag}: healthy after {record['healthy_after_s']}s")
             record["openai_check"] = check_openai(url)
             log(f"{tag}: chat + completions answered")
-            log_start = len(server.log_text())
-            log(f"{tag}: bench: {shlex.join(bench)}")
-            with open(os.path.join(args.log_dir, f"bench_{tag}.log"), "w") as bench_log:
-                proc = subprocess.run(bench, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True, timeout=args.bench_timeout)
-                bench_log.write(proc.stdout)
-            log(f"{tag}: bench rc {proc.returncode}")
-            decode_lines = parse_decode_lines(server.log_text()[log_start:])
-            if os.path.exists(result_file):
-                with open(result_file) as f:
-                    cases = parse_bench_results(f.read())
-            else:
-                cases = parse_bench_stdout(proc.stdout)
-            for bs in args.batch_sizes:
-                if bs not in cases:
-                    continue
-                step = steady_step_ms(decode_lines, bs)
-                graphs = {d["cuda_graph"] for d in decode_lines if d["running"] == bs}
-                record["rows"].append({"batch": bs, **cases[bs],
-                                       "step_ms": None if step is None else round(step, 3),
-                                       # False if any decode step at this batch ran eagerly
-                                       "cuda_graph": graphs == {True} if graphs else None})
-                log(f"{tag}: batch {bs}: {cases[bs]['output_tok_s']:.1f} tok/s, "
-                    f"ITL {cases[bs]['itl_ms']:.2f} ms, step {step} ms")
-            if proc.returncode != 0 or len(record["rows"]) != len(args.batch_sizes):
-                record["error"] = (f"bench rc {proc.returncode}, batches measured "
-                                   f"{[r['batch'] for r in record['rows']]}: {proc.stdout[-1500:]}")
+            runs = []
+            for i in range(args.repeats):
+                if os.path.exists(result_file):
+                    os.remove(result_file)  # bench_one_batch_server appends
+                run_tag = tag if args.repeats == 1 else f"{tag} ({i + 1}/{args.repeats})"
+                log_start = len(server.log_text())
+                log(f"{run_tag}: bench: {shlex.join(bench)}")
+                with open(os.path.join(args.log_dir, f"bench_{tag}.log"), "a" if i else "w") as bl:
+                    proc = subprocess.run(bench, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True, timeout=args.bench_timeout)
+                    bl.write(proc.stdout)
+                log(f"{run_tag}: bench rc {proc.returncode}")
+                decode_lines = parse_decode_lines(server.log_text()[log_start:])
+                if os.path.exists(result_file):
+                    with open(result_file) as f:
+                        cases = parse_bench_results(f.read())
+                else:
+                    cases = parse_bench_stdout(proc.stdout)
+                rows = []
+                for bs in args.batch_sizes:
+                    if bs not in cases:
+                        continue
+                    step = steady_step_ms(decode_lines, bs)
+                    graphs = {d["cuda_graph"] for d in decode_lines if d["running"] == bs}
+                    rows.append({"batch": bs, **cases[bs],
+                                 "step_ms": None if step is None else round(step, 3),
+                                 # False if any decode step at this batch ran eagerly
+                                 "cuda_graph": graphs == {True} if graphs else None})
+                    log(f"{run_tag}: batch {bs}: {cases[bs]['output_tok_s']:.1f} tok/s, "
+                        f"ITL {cases[bs]['itl_ms']:.2f} ms, step {step} ms")
+                runs.append(rows)
+                if proc.returncode != 0 or len(rows) != len(args.batch_sizes):
+                    record["error"] = (f"bench rc {proc.returncode}, batches measured "
+                                       f"{[r['batch'] for r in rows]}: {proc.stdout[-1500:]}")
+                    break
+            record["rows"] = median_rows(runs)
+            if args.repeats > 1:
+                record["repeats"] = [[{k: r.get(k) for k in REPEAT_KEYS} for r in rows]
+                                     for rows in runs]
             if args.parity:
                 prompts = parity_prompts(args.parity_prompts, args.input_len)
                 log(f"{tag}: greedy dump, {len(prompts)} prompts x {args.parity_tokens} tokens")
@@ -611,6 +642,8 @@ def cmd_run(args) -> int:
         sys.exit(f"{args.model_path}/config.json missing: run scripts/make_model.py first")
     if args.parity_floor_group and not args.parity:
         sys.exit("--parity-floor-group needs --parity")
+    if args.repeats < 1:
+        sys.exit(f"--repeats must be >= 1, got {args.repeats}")
     if args.parity_floor_group < 0:
         sys.exit(f"--parity-floor-group must be >= 0, got {args.parity_floor_group}")
     family = model_family(args.model_path)
@@ -881,6 +914,11 @@ def main(argv=None) -> int:
                      help="--replayssm-decode-route of the replayssm arm (non-auto: its own "
                           "arm label, e.g. replayssm-split)")
     run.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
+    run.add_argument("--repeats", type=int, default=1,
+                     help="run bench_one_batch_server this many times against each server; "
+                          "rows keep the run with the median output throughput per batch, "
+                          "the partial's `repeats` every run's figures (a one-batch measure "
+                          "of a model with 2-3 ms steps moves by 10-20%% between runs)")
     run.add_argument("--input-len", type=int, default=512)
     run.add_argument("--output-len", type=int, default=256)
     run.add_argument("--parity", action="store_true",

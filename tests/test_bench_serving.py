@@ -443,3 +443,68 @@ def test_profile_command_and_summary(tmp_path):
     assert [k["name"] for k in s["kernels"]] == ["moe", "gdn"]
     assert s["kernels"][1] == {"name": "gdn", "count": 2, "total_us": 170.0, "us_per_step": 85.0}
     assert s["gpu_us_per_step"] == 335.0 and s["trace_files"] == ["1733000000.0/TP-0.trace.json.gz"]
+
+
+def test_median_rows_keeps_one_runs_whole_row():
+    runs = [[{"batch": 64, "output_tok_s": t, "itl_ms": i}, {"batch": 1, "output_tok_s": 200.0 + t,
+                                                             "itl_ms": 5.0}]
+            for t, i in ((300.0, 1.0), (100.0, 3.0), (200.0, 2.0))]
+    rows = bs.median_rows(runs)
+    assert [r["batch"] for r in rows] == [64, 1]
+    assert rows[0] == {"batch": 64, "output_tok_s": 200.0, "itl_ms": 2.0}
+    assert rows[1]["output_tok_s"] == 400.0
+    # an even count takes the lower middle run; a single run is itself
+    assert bs.median_rows(runs[:2])[0]["output_tok_s"] == 100.0
+    assert bs.median_rows(runs[:1]) == runs[0]
+    assert bs.median_rows([]) == []
+
+
+def test_repeats_bench_the_same_server_and_keep_the_median(models, tmp_path, monkeypatch):
+    """run_arm with --repeats 3 against a fake server: three bench runs, rows
+    from the median one, every run's figures in `repeats`."""
+    tok_s = iter([300.0, 100.0, 200.0])
+
+    class FakeServer:
+        def __init__(self, cmd, log_path, env=None):
+            self.text = ""
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait_healthy(self, url, timeout):
+            return 1.0
+
+        def log_text(self):
+            return self.text
+
+    real_run = bs.subprocess.run
+
+    def fake_run(cmd, **kw):
+        if "--result-filename" not in cmd:  # git, for the record's provenance
+            return real_run(cmd, **kw)
+        t = next(tok_s)
+        out = cmd[cmd.index("--result-filename") + 1]
+        with open(out, "a") as f:
+            f.write(json.dumps({"run_name": "default", "batch_size": 64, "input_len": 512,
+                                "output_len": 256, "latency": 1.0, "input_throughput": 1.0,
+                                "output_throughput": t, "overall_throughput": 1.0,
+                                "last_ttft": 0.1, "last_gen_throughput": t}) + "\n")
+        return type("Proc", (), {"returncode": 0, "stdout": f"output throughput: {t}\n"})()
+
+    monkeypatch.setattr(bs, "Server", FakeServer)
+    monkeypatch.setattr(bs, "check_openai", lambda url: {})
+    monkeypatch.setattr(bs.subprocess, "run", fake_run)
+    root = os.path.dirname(models["nemotron-h-8b"])
+    assert bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms",
+                    "stock-triton", "--batch-sizes", "64", "--repeats", "3",
+                    "--partial-dir", str(tmp_path), "--log-dir", str(tmp_path)]) == 0
+    rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
+    assert rec["error"] is None
+    assert [r["output_tok_s"] for r in rec["rows"]] == [200.0]
+    assert [[r["output_tok_s"] for r in run] for run in rec["repeats"]] == [[300.0], [100.0], [200.0]]
+    with pytest.raises(SystemExit, match="--repeats must be >= 1"):
+        bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--repeats", "0",
+                 "--partial-dir", str(tmp_path)])
