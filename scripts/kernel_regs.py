@@ -21,6 +21,8 @@ picked configs on the GPU (``kernel.n_regs`` / ``n_spills`` after a launch).
 
 usage: python scripts/kernel_regs.py [mamba2|gdn ...]   (default: both;
        TRITON_INTERPRET must be unset)
+       python scripts/kernel_regs.py check   (exit 1 on such a conversion in
+       an output-only fused decode or verify kernel; tests/test_kernel_layouts.py)
 """
 from __future__ import annotations
 
@@ -51,14 +53,18 @@ P, N, L = 64, 128, 16
 FLOATS = {"scale"}  # float scalar arguments (no divisibility hint)
 
 
-def report(name, fn, ptr_types, consts, num_warps):
+def compile_sm90(fn, ptr_types, consts, num_warps):
     sig = {n: "constexpr" if n in consts else (ptr_types.get(n, "*fp32") if n.endswith("_ptr")
                                                 else "fp32" if n in FLOATS else "i32")
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
              if sig[n] not in ("constexpr", "fp32")}
-    k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=TARGET,
-                       options={"num_warps": num_warps})
+    return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=attrs), target=TARGET,
+                          options={"num_warps": num_warps})
+
+
+def report(name, fn, ptr_types, consts, num_warps):
+    k = compile_sm90(fn, ptr_types, consts, num_warps)
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
     info = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
@@ -181,48 +187,83 @@ def gdn_split():
                     "RECOMPUTE": True, "DOT_PRECISION": "tf32x3"}, nw)
 
 
+GDN_FUSED_PTRS = {"gbuf_ptr": "*fp32", "vbuf_ptr": "*bf16", "betabuf_ptr": "*fp32",
+                  "fill_ptr": "*i32", "origin_ptr": "*i32", "slot_ptr": "*i32",
+                  "qkv_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
+                  "dt_bias_ptr": "*bf16", "out_ptr": "*bf16"}
+# state: (checkpoint / u ring, fold copy, k ring, has a fold copy)
+GDN_STATES = {"fp32": ("*fp32", "*fp32", "*fp32", False), "bf16": ("*bf16", "*bf16", "*bf16", False),
+              "bf16+fp32 copy": ("*bf16", "*fp32", "*fp32", True)}
+MAMBA2_PTRS = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "fill_ptr": "*i32",
+               "origin_ptr": "*i32", "slot_ptr": "*i32", "x_ptr": "*bf16", "dt_ptr": "*bf16",
+               "B_ptr": "*bf16", "C_ptr": "*bf16", "z_ptr": "*bf16", "A_ptr": "*fp32",
+               "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16"}
+# (MODE, T, BLOCK_S): decode, and a chain verify of 4 drafts
+FUSED_MODES = {"decode": (0, 1, L), "verify T=4": (1, 4, 32)}
+
+
+def gdn_fused_case(state, mode, block=32):
+    ck, fold, kring, has_fold = GDN_STATES[state]
+    m, t, block_s = FUSED_MODES[mode]
+    return (gdn._gdn_replay_kernel,
+            dict(GDN_FUSED_PTRS, ckpt_ptr=ck, fold_ptr=fold, kbuf_ptr=kring, ubuf_ptr=ck),
+            {"T": t, "MODE": m, "BLOCK_S": block_s, "BLOCK_V": block, "BLOCK_K": 128,
+             "USE_QK_L2NORM": True, "HAS_FOLD_COPY": has_fold, "STORAGE_ORDER": False,
+             "DOT_PRECISION": "tf32x3"})
+
+
+def mamba2_fused_case(state, mode, reconstruct=False, block=32):
+    m, t, block_s = FUSED_MODES[mode]
+    return (m2._mamba2_replay_kernel, dict(MAMBA2_PTRS, ckpt_ptr=f"*{state}", fold_ptr=f"*{state}"),
+            {"T": t, "MODE": m, "BLOCK_S": block_s, "BLOCK_P": block, "BLOCK_N": N,
+             "RECONSTRUCT": reconstruct, "HAS_FOLD_COPY": False, "HAS_D": True, "HAS_Z": False,
+             "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "STORAGE_ORDER": True,
+             "DOT_PRECISION": "tf32x3"})
+
+
 def gdn_fused():
-    """The fused decode kernel (MODE 0, T = 1), single and dual precision."""
-    K = V = 128
-    cases = {"fp32": ("*fp32", "*fp32", "*fp32", False), "bf16": ("*bf16", "*bf16", "*bf16", False),
-             "bf16+fp32 copy": ("*bf16", "*fp32", "*fp32", True)}
-    for name, (ck, fold, kring, has_fold) in cases.items():
-        for block in (32, 64):
-            for nw in (2, 4, 8):
-                report(f"GDN fused decode {name} block={block}", gdn._gdn_replay_kernel,
-                       {"ckpt_ptr": ck, "fold_ptr": fold, "kbuf_ptr": kring,
-                        "ubuf_ptr": ck, "gbuf_ptr": "*fp32", "vbuf_ptr": "*bf16",
-                        "betabuf_ptr": "*fp32", "fill_ptr": "*i32", "origin_ptr": "*i32",
-                        "slot_ptr": "*i32", "qkv_ptr": "*bf16", "a_ptr": "*bf16",
-                        "b_ptr": "*bf16", "A_log_ptr": "*fp32", "dt_bias_ptr": "*bf16",
-                        "out_ptr": "*bf16"},
-                       {"T": 1, "MODE": 0, "BLOCK_S": L, "BLOCK_V": block, "BLOCK_K": K,
-                        "USE_QK_L2NORM": True, "HAS_FOLD_COPY": has_fold,
-                        "STORAGE_ORDER": False, "DOT_PRECISION": "tf32x3"}, nw)
+    """The fused kernel, decode and verify, single and dual precision."""
+    for state in GDN_STATES:
+        for mode in FUSED_MODES:
+            for block in (32, 64):
+                for nw in (2, 4, 8):
+                    report(f"GDN fused {mode} {state} block={block}",
+                           *gdn_fused_case(state, mode, block), nw)
 
 
 def mamba2_fused():
-    """The fused decode kernel (MODE 0, T = 1) as it runs below batch 8:
-    ring in storage order, both routes."""
-    act = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "fill_ptr": "*i32",
-           "origin_ptr": "*i32", "slot_ptr": "*i32", "x_ptr": "*bf16", "dt_ptr": "*bf16",
-           "B_ptr": "*bf16", "C_ptr": "*bf16", "z_ptr": "*bf16", "A_ptr": "*fp32",
-           "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16"}
+    """The fused kernel, decode and verify, both routes (ring in storage
+    order, as below batch 8)."""
     for sdt in ("fp32", "bf16"):
-        for reconstruct in (False, True):
-            for block in (16, 32):
-                for nw in (2, 4):
-                    report(f"fused decode {sdt} reconstruct={reconstruct} block={block}",
-                           m2._mamba2_replay_kernel,
-                           dict(act, ckpt_ptr=f"*{sdt}", fold_ptr=f"*{sdt}"),
-                           {"T": 1, "MODE": 0, "BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N,
-                            "RECONSTRUCT": reconstruct, "HAS_FOLD_COPY": False, "HAS_D": True,
-                            "HAS_Z": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
-                            "STORAGE_ORDER": True, "DOT_PRECISION": "tf32x3"}, nw)
+        for mode in FUSED_MODES:
+            for reconstruct in (False, True):
+                for block in (16, 32):
+                    for nw in (2, 4):
+                        report(f"fused {mode} {sdt} reconstruct={reconstruct} block={block}",
+                               *mamba2_fused_case(sdt, mode, reconstruct, block), nw)
+
+
+def check() -> int:
+    """Exit status 1 if an output-only fused decode or verify kernel converts a
+    state tile to an MMA layout outside its flush branch (the launch shapes
+    of the defaults: block 32, 4 warps). The reconstruct route and the
+    flush-only launch need the tile in that layout by design."""
+    bad = 0
+    for state in ("fp32", "bf16"):
+        for mode in FUSED_MODES:
+            for name, (fn, ptrs, consts) in {
+                    f"GDN fused {mode} {state}": gdn_fused_case(state, mode),
+                    f"Mamba-2 fused {mode} {state}": mamba2_fused_case(state, mode)}.items():
+                tiles = unconditional_mma_tiles(compile_sm90(fn, ptrs, consts, 4).asm["ttgir"])
+                print(f"{name:<36} {'tiles to MMA layout on every step: ' + ' '.join(tiles) if tiles else 'ok'}")
+                bad += bool(tiles)
+    return 1 if bad else 0
 
 
 def main():
     which = sys.argv[1:] or ["mamba2", "gdn"]
+    if which == ["check"]:
+        raise SystemExit(check())
     if "mamba2" in which:
         mamba2()
         mamba2_fused()

@@ -1,0 +1,38 @@
+"""The fused kernels' plain steps keep the state tile out of the tensor-core
+(MMA) layout that only the flush's tl.dot needs.
+
+Triton 3.6 moved such a conversion of a bf16 checkpoint to its load, outside
+the flush branch, so that every decode step paid a shared-memory round trip
+of the whole tile (GDN b=1 bf16: 5.76 -> 5.12 us per plain step once gone,
+benchmarks/NOTES.md 2026-12-04 night); verify had the same with its fold
+before the outputs. This compiles the kernels for sm_90 offline (no GPU:
+Triton's bundled ptxas) and reads the TTGIR: `scripts/kernel_regs.py check`.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _nvidia_backend() -> bool:
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        return False
+    import triton
+
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
+                                       "bin", "ptxas"))
+
+
+@pytest.mark.skipif(not _nvidia_backend(), reason="Triton without its NVIDIA backend / ptxas")
+def test_no_state_tile_in_the_mma_layout_outside_the_flush():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "kernel_regs.py"), "check"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(" ok") == 8, proc.stdout  # 2 families x decode/verify x 2 dtypes
