@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .cursors import max_positions, required_capacity
 
@@ -64,6 +65,12 @@ class SplitConfig(LaunchConfig):
                   re-read from L2 (power of 2, >= 16), so that the fold does
                   not size (A)'s registers; 0 = the whole tile, kept in
                   registers from the projection
+    overlap       project_fold only, SM90+ (ignored by the interpreter): (B)
+                  is launched with programmatic dependent launch while (A)
+                  runs (every (A) program lets it launch when it starts), so
+                  (B)'s latency chain (slot -> cursors -> ring loads) overlaps
+                  (A)'s tail; (B) waits for (A)'s completion (griddepcontrol
+                  .wait) before it reads the projections. Off until measured.
     """
 
     out_heads: int = 1
@@ -76,6 +83,7 @@ class SplitConfig(LaunchConfig):
     fold_dot: bool = True
     project_fold: bool = False
     fold_cols: int = 0
+    overlap: bool = False
 
 
 def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
@@ -90,6 +98,8 @@ def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
           "SplitConfig.fold_block / fold_rows must be powers of 2")
     check(cfg.fold_cols == 0 or (cfg.fold_cols >= 16 and cfg.fold_cols & (cfg.fold_cols - 1) == 0),
           f"SplitConfig.fold_cols must be 0 or a power of 2 >= 16, got {cfg.fold_cols}")
+    check(not cfg.overlap or cfg.project_fold,
+          "SplitConfig.overlap needs project_fold (a (C) launch would follow (B))")
     return cfg
 
 
@@ -101,6 +111,32 @@ def dot_precision() -> str:
     # fp32 tl.dot at plain tf32 drifts ~1e-2 from the recurrence; tf32x3 keeps
     # fp32 parity. The interpreter computes dots in numpy: ask for ieee there.
     return "ieee" if interpreting() else "tf32x3"
+
+
+def overlap_launch(cfg: SplitConfig, device: torch.device) -> bool:
+    """Whether this split launch overlaps (B) with (A) (SplitConfig.overlap):
+    on a GPU of compute capability 9.0 or later; never in the interpreter,
+    which runs launches one after the other and has no griddepcontrol."""
+    if not cfg.overlap or interpreting():
+        return False
+    major, _ = torch.cuda.get_device_capability(device)
+    check(major >= 9, f"SplitConfig.overlap needs compute capability >= 9.0 (programmatic "
+                      f"dependent launch), this GPU has {major}.x")
+    return True
+
+
+@triton.jit
+def let_dependents_launch(OVERLAP: tl.constexpr):
+    """(A): the next launch, (B), may start once every program got here."""
+    if OVERLAP:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def wait_for_prior_launch(OVERLAP: tl.constexpr):
+    """(B): from here on, everything (A) wrote is complete and visible."""
+    if OVERLAP:
+        gdc_wait()
 
 
 @triton.jit

@@ -66,8 +66,9 @@ import triton
 import triton.language as tl
 
 from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
-                     check_live_cursors, check_pool, dot_precision, ring_block, ring_cumsum,
-                     ring_positions, softplus, split_config)
+                     check_live_cursors, check_pool, dot_precision, let_dependents_launch,
+                     overlap_launch, ring_block, ring_cumsum, ring_positions, softplus,
+                     split_config, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
@@ -320,6 +321,7 @@ def _gdn_split_projection_kernel(
     s_qkv_row, s_a_row, s_b_row, s_pr_row, s_pr_j, s_pr_head,
     BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     FOLD_COLS: tl.constexpr, USE_QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    OVERLAP: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, v-head, BLOCK_R rows of V)
     projects its checkpoint tile onto the raw q_t and k_t (proj[row, 0/1]),
@@ -331,6 +333,7 @@ def _gdn_split_projection_kernel(
     appends its own u_t, which the flush then discards with the buffer).
     FOLD_COLS as in the Mamba-2 kernel: 0 = fold the tile held in registers,
     c = fold c key columns at a time, re-read from L2."""
+    let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
     pid_r = tl.program_id(0)
     hv = tl.program_id(1)
     row = tl.program_id(2)
@@ -423,7 +426,7 @@ def _gdn_split_outputs_kernel(
     s_vb_slot, s_vb_head, s_vb_pos, s_bb_slot, s_bb_head,
     s_qkv_row, s_a_row, s_b_row, s_o_row, s_o_head,
     HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, OVERLAP: tl.constexpr,
 ):
     """(B) One program per (row, HEADS consecutive v-heads of one k-head): the
     decode output from the projection (A) and the ring, then the token's
@@ -440,6 +443,9 @@ def _gdn_split_outputs_kernel(
         u_t   = beta_t (v_t - S k_t)
         o_t   = exp(cum_t) proj_q + sum_{s<t} exp(cum_t - cum_s) (k_s . q_t) u_s
                 + (k_t . q_t) u_t
+
+    With OVERLAP (SplitConfig.overlap) this runs while (A) finishes: the
+    projections are read last, after waiting for (A).
     """
     row = tl.program_id(0).to(tl.int64)
     hv0 = tl.program_id(1) * HEADS
@@ -477,14 +483,19 @@ def _gdn_split_outputs_kernel(
         dt_bias = tl.load(dt_bias_ptr + hv)
         b_t = tl.load(b_ptr + row * s_b_row + hv)
         p_off = proj_ptr + row * s_pr_row + hv * s_pr_head + offs_v
-        proj_q = tl.load(p_off, mask=mask_v, other=0.0)                      # h_c q_t (raw)
-        proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0)             # h_c k_t (raw)
+        if not OVERLAP:
+            proj_q = tl.load(p_off, mask=mask_v, other=0.0)                  # h_c q_t (raw)
+            proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0)         # h_c k_t (raw)
         v_in = tl.load(qkv_ptr + row * s_qkv_row + 2 * H * K + hv * V + offs_v,
                        mask=mask_v, other=0.0)
         g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
                       other=0.0)
         us_in = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
                         + offs_v[None, :], mask=is_hist[:, None] & mask_v[None, :], other=0.0)
+        if OVERLAP:
+            wait_for_prior_launch(OVERLAP)
+            proj_q = tl.load(p_off, mask=mask_v, other=0.0)
+            proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0)
         if j == 0:
             # this token's q, k normalised exactly as the fused kernel does (so
             # that the k ring holds the same values on both routes), and the
@@ -715,6 +726,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     # fine under CUDA graphs: the graph's private pool gives the same buffer
     # on every replay, and (B) reads only entries (A) wrote in the same step.
     BLOCK_K = max(16, triton.next_power_of_2(K))
+    overlap = overlap_launch(cfg, checkpoint.device)
     if cfg.project_fold:  # (A) folds the flushing rows too: no (C)
         proj = torch.empty((batch, 2, HV, V), dtype=torch.float32, device=checkpoint.device)
         _gdn_split_projection_kernel[(triton.cdiv(V, cfg.block), HV, batch)](
@@ -729,7 +741,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             proj.stride(0), proj.stride(1), proj.stride(2),
             BLOCK_S=BLOCK_S, BLOCK_R=cfg.block, BLOCK_K=BLOCK_K,
             FOLD_COLS=min(cfg.fold_cols, BLOCK_K) if cfg.fold_cols else 0,
-            USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(),
+            USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
             num_warps=cfg.num_warps,
         )
     else:
@@ -753,8 +765,8 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         mixed_qkv.stride(0), a.stride(0), b.stride(0), out.stride(0), out.stride(1),
         HEADS=cfg.out_heads, BLOCK_S=BLOCK_S, BLOCK_V=max(16, triton.next_power_of_2(V)),
         BLOCK_K=max(16, triton.next_power_of_2(K)), USE_QK_L2NORM=use_qk_l2norm,
-        HAS_FOLD_COPY=has_fold,
-        num_warps=cfg.out_warps,
+        HAS_FOLD_COPY=has_fold, OVERLAP=overlap, num_warps=cfg.out_warps,
+        **({"launch_pdl": True} if overlap else {}),
     )
 
     if cfg.project_fold:

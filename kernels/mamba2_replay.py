@@ -58,7 +58,8 @@ import triton.language as tl
 
 from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      check_fold_copy, check_live_cursors, check_pool, dot_precision,
-                     ring_block, ring_cumsum, ring_positions, softplus, split_config)
+                     let_dependents_launch, overlap_launch, ring_block, ring_cumsum,
+                     ring_positions, softplus, split_config, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_dot as _fold
 from .fold import launch_split_fold
@@ -309,7 +310,7 @@ def _mamba2_split_projection_kernel(
     s_pr_row, s_pr_head, s_A, s_dtb,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     FOLD_COLS: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, head, BLOCK_P rows of headdim)
     computes proj = h_c C_q from its checkpoint tile and, on the row's flush
@@ -324,6 +325,7 @@ def _mamba2_split_projection_kernel(
     not); FOLD_COLS = c folds c dstate columns at a time, re-read from L2
     (the projection's tile is dead by then, so the fold does not raise the
     kernel's register count above the projection's)."""
+    let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
     row = tl.program_id(2)
@@ -421,7 +423,7 @@ def _mamba2_split_outputs_kernel(
     s_A, s_D, s_dtb,
     HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, OVERLAP: tl.constexpr,
 ):
     """(B) One program per (row, HEADS consecutive heads of one group): the
     decode output from the projection and the ring, then the token's append.
@@ -435,7 +437,9 @@ def _mamba2_split_outputs_kernel(
     after the cursors, before any reduction. The chain is slot -> cursors ->
     ring -> arithmetic -> stores. A padded row (slot < 0) loads nothing
     slot-indexed and stores nothing (masks, not an early return, which would
-    hold every later load behind the slot id)."""
+    hold every later load behind the slot id). With OVERLAP (SplitConfig.
+    overlap) this runs while (A) finishes: the projection is read last, after
+    waiting for (A)."""
     row = tl.program_id(0).to(tl.int64)
     head0 = tl.program_id(1) * HEADS
     group = head0 // heads_per_group
@@ -471,8 +475,9 @@ def _mamba2_split_outputs_kernel(
         if HAS_DT_BIAS:
             dtb = tl.load(dt_bias_ptr + head * s_dtb)
         x_w = tl.load(x_ptr + row * s_x_row + head * s_x_head + offs_p, mask=mask_p, other=0.0)
-        proj = tl.load(proj_ptr + row * s_pr_row + head * s_pr_head + offs_p,
-                       mask=mask_p, other=0.0)
+        if not OVERLAP:
+            proj = tl.load(proj_ptr + row * s_pr_row + head * s_pr_head + offs_p,
+                           mask=mask_p, other=0.0)
         d = 0.0
         zq = 0.0
         if HAS_D:
@@ -484,6 +489,10 @@ def _mamba2_split_outputs_kernel(
                        mask=is_hist, other=0.0)
         xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
                      + offs_p[None, :], mask=is_hist[:, None] & mask_p[None, :], other=0.0)
+        if OVERLAP:
+            wait_for_prior_launch(OVERLAP)
+            proj = tl.load(proj_ptr + row * s_pr_row + head * s_pr_head + offs_p,
+                           mask=mask_p, other=0.0)
         if j == 0:  # B_s . C_q for the history and for this token, shared by the heads
             C_q = C_in.to(tl.float32)
             cb = tl.sum(Bs.to(tl.float32) * C_q[None, :], axis=1)
@@ -711,6 +720,7 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     BLOCK_P = max(16, triton.next_power_of_2(P))
     BLOCK_N = max(16, triton.next_power_of_2(N))
     dummy = dt_buffer
+    overlap = overlap_launch(cfg, x.device)
 
     # (A) proj[row, head, :] = h_c C_q, fp32 scratch. torch.empty is fine
     # under CUDA graphs: the graph's private pool gives the same buffer on
@@ -733,7 +743,8 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
             BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
             FOLD_COLS=min(cfg.fold_cols, BLOCK_N) if cfg.fold_cols else 0,
             HAS_FOLD_COPY=checkpoint_fold is not None, HAS_DT_BIAS=dt_bias is not None,
-            DT_SOFTPLUS=dt_softplus, DOT_PRECISION=dot_precision(), num_warps=cfg.num_warps,
+            DT_SOFTPLUS=dt_softplus, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
+            num_warps=cfg.num_warps,
         )
     else:
         proj = project_state(checkpoint, slot_ids, C, heads_per_group=hpg,
@@ -757,7 +768,8 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         dt_bias.stride(0) if dt_bias is not None else 0,
         HEADS=cfg.out_heads, BLOCK_S=BLOCK_S, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
-        DT_SOFTPLUS=dt_softplus, num_warps=cfg.out_warps,
+        DT_SOFTPLUS=dt_softplus, OVERLAP=overlap, num_warps=cfg.out_warps,
+        **({"launch_pdl": True} if overlap else {}),
     )
 
     if cfg.project_fold:

@@ -115,12 +115,15 @@ def mamba2():
                            dict(act, ckpt_ptr=ptr, fold_ptr=ptr),
                            {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "FOLD_COLS": cols,
                             "HAS_FOLD_COPY": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
-                            "DOT_PRECISION": "tf32x3"}, nw)
+                            "DOT_PRECISION": "tf32x3", "OVERLAP": False}, nw)
     for heads in (1, 4, 16):
         for nw in (1, 2, 4):
-            report(f"(B) outputs out_heads={heads}", m2._mamba2_split_outputs_kernel, act,
-                   {"HEADS": heads, "BLOCK_S": L, "BLOCK_P": P, "BLOCK_N": N, "HAS_D": True,
-                    "HAS_Z": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True}, nw)
+            for overlap in (False, True):
+                report(f"(B) outputs out_heads={heads} overlap={overlap}",
+                       m2._mamba2_split_outputs_kernel, act,
+                       {"HEADS": heads, "BLOCK_S": L, "BLOCK_P": P, "BLOCK_N": N, "HAS_D": True,
+                        "HAS_Z": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
+                        "OVERLAP": overlap}, nw)
     for sdt, ptr in state.items():
         for dot in (True, False):
             for block in (32, 64):
@@ -155,13 +158,16 @@ def gdn_split():
                     report(f"GDN (A) projection + fold {sdt} fold_cols={cols} block={block}",
                            gdn._gdn_split_projection_kernel, dict(ring, ckpt_ptr=ptr),
                            {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": K, "FOLD_COLS": cols,
-                            "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3"}, nw)
+                            "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3",
+                            "OVERLAP": False}, nw)
         for heads in (1, 2):
             for nw in (1, 2, 4):
-                report(f"GDN (B) outputs u ring {sdt} out_heads={heads}",
-                       gdn._gdn_split_outputs_kernel, ring,
-                       {"HEADS": heads, "BLOCK_S": L, "BLOCK_V": V, "BLOCK_K": K,
-                        "USE_QK_L2NORM": True, "HAS_FOLD_COPY": False}, nw)
+                for overlap in (False, True):
+                    report(f"GDN (B) outputs u ring {sdt} out_heads={heads} overlap={overlap}",
+                           gdn._gdn_split_outputs_kernel, ring,
+                           {"HEADS": heads, "BLOCK_S": L, "BLOCK_V": V, "BLOCK_K": K,
+                            "USE_QK_L2NORM": True, "HAS_FOLD_COPY": False,
+                            "OVERLAP": overlap}, nw)
         for dot in (True, False):
             for block in (32, 64, 128):
                 for nw in (4, 8):

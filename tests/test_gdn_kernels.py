@@ -49,6 +49,9 @@ ROUTES = {
     "split_project_fold": ("split", split(project_fold=True)),
     "split_project_fold_halves": ("split", SplitConfig(block=16, num_warps=2, out_heads=2,
                                                        project_fold=True)),
+    # (B) launched while (A) runs (programmatic dependent launch): GPU only,
+    # the interpreter runs the launches in turn (test_split_route_overlapped)
+    "split_overlap": ("split", split(project_fold=True, overlap=True)),
 }
 
 
@@ -572,3 +575,15 @@ def test_decode_matches_sglang_packed_decode():
         if flushed:
             d = (state[slots] - stock[slots]).abs().max() / stock[slots].abs().max()
             assert float(d) < 1e-5, step
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ratio", [1, 2, 4])
+def test_split_route_overlapped(ratio):
+    """SplitConfig.overlap: (B) starts before (A) has finished and waits for
+    it only before reading the projections; same cases as the other routes
+    (staggered cursors, a padded row, >= 2 flushes per row, free slots
+    untouched), against the float64 reference."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    test_decode_across_flushes_staggered_and_padded("cuda", ratio, "split_overlap")

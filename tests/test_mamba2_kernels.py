@@ -750,8 +750,9 @@ def test_decode_rejects_bad_input(device, name, mutate, match):
 
 def test_split_route_rejects_verify_and_bad_config(device):
     """route="split" is decode-only: verify names the route in its error; a
-    SplitConfig whose out_heads does not divide the heads per group is refused
-    before any launch."""
+    SplitConfig whose out_heads does not divide the heads per group, or that
+    overlaps (B) with a projection that does not fold, is refused before any
+    launch."""
     pool = Pool(device, Cfg(route="split"), seed=62, S=4, L=4, T=2)
     inp = pool.inputs(2, 2)
     kw = dict(pool.kernel_kwargs(), route="split")
@@ -762,6 +763,12 @@ def test_split_route_rejects_verify_and_bad_config(device):
     cfg = replace(m2.default_config(pool.P, pool.N, F32, route="split"), out_heads=3)
     sq = {k: None if v is None else v[:, 0] for k, v in inp.items()}
     with pytest.raises(ValueError, match="out_heads=3 must divide"):
+        mamba2_replay_decode(*pool.pool_args(), pool.slot_tensor([0, 1]), sq["x"], sq["dt"],
+                             pool.A, sq["B"], sq["C"], z=sq["z"], **dict(kw, config=cfg))
+    # overlapping (B) with (A) needs the fold inside (A): else (C) follows (B)
+    cfg = replace(m2.default_config(pool.P, pool.N, F32, route="split"), project_fold=False,
+                  overlap=True)
+    with pytest.raises(ValueError, match="SplitConfig.overlap needs project_fold"):
         mamba2_replay_decode(*pool.pool_args(), pool.slot_tensor([0, 1]), sq["x"], sq["dt"],
                              pool.A, sq["B"], sq["C"], z=sq["z"], **dict(kw, config=cfg))
     for n, t in before.items():
@@ -888,3 +895,24 @@ def test_auto_route_follows_the_measured_crossover():
             assert mod.default_route(mod.SPLIT_MIN_BATCH, dt) == "split"
             assert mod.default_route(256, dt, MODE_VERIFY) == "output_only"
             assert mod.default_route(256, dt, MODE_FLUSH) == "output_only"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [
+    Cfg(P=24, route="split", config=PROJECT_FOLD + (("overlap", True),)),
+    Cfg(P=24, state=BF16, act=BF16, layout="sglang", route="split",
+        config=PROJECT_FOLD + (("overlap", True), ("out_heads", 2), ("fold_cols", 16))),
+], ids=lambda c: c.id)
+def test_split_route_overlapped(cfg):
+    """SplitConfig.overlap: (B) starts before (A) has finished and waits for
+    it only before reading the projection; every fill level, >= 2 flushes
+    per row, staggered, one padded row, against the float64 reference."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+    L = 4
+    pool = Pool("cuda", cfg, seed=31, S=6, L=L)
+    pool.step([2, -1], MODE_DECODE)  # stagger
+    slots = [2, -1, 5, 1]
+    for step in range(2 * L + 1):
+        pool.step(slots, MODE_DECODE, what=f"step {step}")
+    assert all(pool.flushes.get(s, 0) >= 2 for s in (2, 5, 1)), pool.flushes
