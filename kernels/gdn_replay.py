@@ -101,10 +101,11 @@ def _flush(us, ks, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr, ck
            HAS_FOLD_COPY: tl.constexpr, BLOCK_S: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Fold logical positions 0..last into the checkpoint and store it. With a
     fold copy the fold starts from the precise copy and recomputes the
-    corrected values from the raw inputs (ring history, loaded at ``ring_ok`` and kept at ``is_hist``, + the
-    window's ``vwin``/``bwin``; ``pos`` as ring_positions returns it): the u_s in
-    ``us`` were computed from the read copy, and folding them would carry its
-    rounding into the recurrence. Both copies are written.
+    corrected values from the raw inputs (ring history, loaded at ``ring_ok``
+    and kept at ``is_hist``, + the window's ``vwin``/``bwin``; ``pos`` as
+    ring_positions returns it): the u_s in ``us`` were computed from the read
+    copy, and folding them would carry its rounding into the recurrence. Both
+    copies are written.
 
     The tile folded is read here, not passed in from the step's read of it
     (an L2 hit: the same program just read it). Folding the caller's tile

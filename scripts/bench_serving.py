@@ -330,7 +330,8 @@ def compare_parity(stock: dict, replay: dict, *, model: str, checkpoint_dtype: s
     gap means a near-tie). Also: the largest logprob difference over the
     positions before each prompt's divergence."""
     s_out, r_out = stock["outputs"], replay["outputs"]
-    assert _dump_prompts_id(stock) == _dump_prompts_id(replay), "the two dumps used different prompts"
+    assert _dump_prompts_id(stock) == _dump_prompts_id(replay), \
+        "the two dumps used different prompts"
     identical, first, max_diff, agree = 0, None, 0.0, []
     for p, (a, b) in enumerate(zip(s_out, r_out)):
         n = min(len(a["ids"]), len(b["ids"]))
