@@ -102,6 +102,22 @@ def _finish_output(y, x_q, D_ptr, head, s_D, z_ptrs, out_ptrs, mask_p,
 
 
 @triton.jit
+def _flush(h_c, ckpt_ptr, fold_ptr, ck_off, m_pn, xs, Bs, dt, cum, upto, total,
+           HAS_FOLD_COPY: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Fold the ring entries at ``upto`` (``total`` = cum at the last one)
+    into the checkpoint tile ``h_c`` as read and store it; with a fold copy
+    the fold starts from that copy instead (the precise one; ``h_c`` is then
+    unused) and both are written. Returns the folded state (fp32)."""
+    if HAS_FOLD_COPY:
+        h_c = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
+    h = _fold(h_c.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
+    tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
+    if HAS_FOLD_COPY:
+        tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+    return h
+
+
+@triton.jit
 def _mamba2_replay_kernel(
     ckpt_ptr, fold_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr,
     fill_ptr, origin_ptr, slot_ptr,
@@ -188,16 +204,11 @@ def _mamba2_replay_kernel(
         C_q = tl.load(C_ptr + row * s_C_row + group * s_C_group + offs_n,
                       mask=mask_n, other=0.0).to(tl.float32)
         if flush:
-            # fold history + this token (the fold copy is the precise one)
-            if HAS_FOLD_COPY:
-                h_c = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
-            h = h_c.to(tl.float32)
+            # fold history + this token
             upto = pos <= fill
             total = tl.sum(tl.where(upto, dt * A, 0.0), axis=0)
-            h = _fold(h, xs, Bs, dt, cum, upto, total, DOT_PRECISION)
-            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
-            if HAS_FOLD_COPY:
-                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+            h = _flush(h_c, ckpt_ptr, fold_ptr, ck_off, m_pn, xs, Bs, dt, cum, upto, total,
+                       HAS_FOLD_COPY, DOT_PRECISION)
             y = tl.sum(h * C_q[None, :], axis=1)
         else:
             h = h_c.to(tl.float32)
@@ -253,24 +264,15 @@ def _mamba2_replay_kernel(
                                mask_p, HAS_D, HAS_Z)
             if fill + T >= buffer_len:
                 # the tile folded is read again (L2-hot), not taken from h_c,
-                # for the same reason (the fold copy is the precise one)
-                if HAS_FOLD_COPY:
-                    h_f = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
-                else:
-                    h_f = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0)
-                h_f = _fold(h_f.to(tl.float32), xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
-                tl.store(ckpt_ptr + ck_off, h_f.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
-                if HAS_FOLD_COPY:
-                    tl.store(fold_ptr + ck_off, h_f.to(fold_ptr.dtype.element_ty), mask=m_pn)
+                # for the same reason
+                _flush(tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0), ckpt_ptr, fold_ptr,
+                       ck_off, m_pn, xs, Bs, dt, cum, is_hist, total, HAS_FOLD_COPY,
+                       DOT_PRECISION)
             write = is_win
         else:
             # ---- flush only: fold the whole buffer ----
-            if HAS_FOLD_COPY:
-                h_c = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
-            h = _fold(h_c.to(tl.float32), xs, Bs, dt, cum, is_hist, total, DOT_PRECISION)
-            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
-            if HAS_FOLD_COPY:
-                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
+            _flush(h_c, ckpt_ptr, fold_ptr, ck_off, m_pn, xs, Bs, dt, cum, is_hist, total,
+                   HAS_FOLD_COPY, DOT_PRECISION)
 
     # append the window to the ring: x by every P slice, dt by the first P
     # slice of each head, B by the first P slice of the group's first head
