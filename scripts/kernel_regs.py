@@ -93,12 +93,15 @@ def unconditional_mma_tiles(ttgir: str) -> list[str]:
     return found
 
 
+# the Mamba-2 kernels' non-state pointers (the state pointers vary per case)
+MAMBA2_PTRS = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "fill_ptr": "*i32",
+               "origin_ptr": "*i32", "slot_ptr": "*i32", "x_ptr": "*bf16", "dt_ptr": "*bf16",
+               "B_ptr": "*bf16", "C_ptr": "*bf16", "z_ptr": "*bf16", "A_ptr": "*fp32",
+               "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "proj_ptr": "*fp32"}
+
+
 def mamba2():
     state = {"fp32": "*fp32", "bf16": "*bf16"}
-    act = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "fill_ptr": "*i32",
-           "origin_ptr": "*i32", "slot_ptr": "*i32", "x_ptr": "*bf16", "dt_ptr": "*bf16",
-           "B_ptr": "*bf16", "C_ptr": "*bf16", "z_ptr": "*bf16", "A_ptr": "*fp32",
-           "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "proj_ptr": "*fp32"}
     for sdt, ptr in state.items():
         for block in (32, 64):
             for nw in (1, 2, 4):
@@ -112,7 +115,7 @@ def mamba2():
                 for nw in (2, 4, 8):
                     report(f"(A) projection + fold {sdt} fold_cols={cols} block={block}",
                            m2._mamba2_split_projection_kernel,
-                           dict(act, ckpt_ptr=ptr, fold_ptr=ptr),
+                           dict(MAMBA2_PTRS, ckpt_ptr=ptr, fold_ptr=ptr),
                            {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "FOLD_COLS": cols,
                             "HAS_FOLD_COPY": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
                             "DOT_PRECISION": "tf32x3", "OVERLAP": False}, nw)
@@ -120,7 +123,7 @@ def mamba2():
         for nw in (1, 2, 4):
             for overlap in (False, True):
                 report(f"(B) outputs out_heads={heads} overlap={overlap}",
-                       m2._mamba2_split_outputs_kernel, act,
+                       m2._mamba2_split_outputs_kernel, MAMBA2_PTRS,
                        {"HEADS": heads, "BLOCK_S": L, "BLOCK_P": P, "BLOCK_N": N, "HAS_D": True,
                         "HAS_Z": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
                         "OVERLAP": overlap}, nw)
@@ -130,7 +133,7 @@ def mamba2():
                 for nw in (4, 8):
                     report(f"(C) fold {sdt} fold_dot={dot} fold_block={block}",
                            fd.split_fold_kernel,
-                           dict(act, ckpt_ptr=ptr, fold_ptr=ptr, vbuf_ptr="*bf16",
+                           dict(MAMBA2_PTRS, ckpt_ptr=ptr, fold_ptr=ptr, vbuf_ptr="*bf16",
                                 kbuf_ptr="*bf16", gbuf_ptr="*fp32"),
                            {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": N,
                             "HAS_FOLD_COPY": False, "FOLD_DOT": dot, "DT_GATED": True,
@@ -200,10 +203,6 @@ GDN_FUSED_PTRS = {"gbuf_ptr": "*fp32", "vbuf_ptr": "*bf16", "betabuf_ptr": "*fp3
 # state: (checkpoint / u ring, fold copy, k ring, has a fold copy)
 GDN_STATES = {"fp32": ("*fp32", "*fp32", "*fp32", False), "bf16": ("*bf16", "*bf16", "*bf16", False),
               "bf16+fp32 copy": ("*bf16", "*fp32", "*fp32", True)}
-MAMBA2_PTRS = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "fill_ptr": "*i32",
-               "origin_ptr": "*i32", "slot_ptr": "*i32", "x_ptr": "*bf16", "dt_ptr": "*bf16",
-               "B_ptr": "*bf16", "C_ptr": "*bf16", "z_ptr": "*bf16", "A_ptr": "*fp32",
-               "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16"}
 # (MODE, T, BLOCK_S): decode, and a chain verify of 4 drafts
 FUSED_MODES = {"decode": (0, 1, L), "verify T=4": (1, 4, 32)}
 
