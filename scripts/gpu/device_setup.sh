@@ -28,13 +28,22 @@ if [ -n "$_M" ] && [ -f "$_M/tok/tokenizer.json.xz" ]; then
   done
 fi
 
-# Install this package (editable, no deps, no index) so that SGLang finds its
-# plugin entry point. No version check: the host has no network, and a pip
-# that tries one waits for it (the install took ~70 s on the H200 against
-# ~2 s here; this line and the timing are there to find out which).
+# Make this package importable and its plugin entry point visible without pip:
+# the editable `pip install --no-deps --no-index -e .` took ~70 s a call on the
+# H200 (against ~2 s here) out of a 30-minute device budget. The link install
+# maps pyproject.toml's layout (kernels/ as sglang_replayssm.kernels) with
+# a finder in site-packages and writes a dist-info carrying its entry points,
+# which importlib.metadata (SGLang's plugin loader) finds in the launcher and
+# in every spawned scheduler process (scripts/gpu/link_install.py).
+# REPLAYSSM_PIP_INSTALL=1 uses pip instead.
 replayssm_install() {
   local t=$(date +%s)
-  python3 -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
-    --no-index -e . 2>&1 | tail -3
+  if [ "${REPLAYSSM_PIP_INSTALL:-0}" = 1 ]; then
+    python3 -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation \
+      --no-index -e . 2>&1 | tail -3
+  else
+    python3 "$_H200/link_install.py" --bin-dir /tmp/replayssm-bin || return 1
+    case ":$PATH:" in *:/tmp/replayssm-bin:*) ;; *) export PATH=/tmp/replayssm-bin:$PATH ;; esac
+  fi
   echo "[setup] installed sglang-replayssm in $(( $(date +%s) - t ))s"
 }
