@@ -2,6 +2,7 @@
 position helper and the launchers' input checks."""
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -113,13 +114,21 @@ def dot_precision() -> str:
     return "ieee" if interpreting() else "tf32x3"
 
 
+@functools.lru_cache(maxsize=None)
+def _capability_major(device_index: int) -> int:
+    # queried once per device, not on every launch (launches are graph-captured
+    # in the server, but the eager benchmark and test paths call this each step)
+    return torch.cuda.get_device_capability(device_index)[0]
+
+
 def overlap_launch(cfg: SplitConfig, device: torch.device) -> bool:
     """Whether this split launch overlaps (B) with (A) (SplitConfig.overlap):
     on a GPU of compute capability 9.0 or later; never in the interpreter,
     which runs launches one after the other and has no griddepcontrol."""
     if not cfg.overlap or interpreting():
         return False
-    major, _ = torch.cuda.get_device_capability(device)
+    major = _capability_major(device.index if device.index is not None
+                              else torch.cuda.current_device())
     check(major >= 9, f"SplitConfig.overlap needs compute capability >= 9.0 (programmatic "
                       f"dependent launch), this GPU has {major}.x")
     return True
