@@ -536,7 +536,11 @@ class GDN(Family):
     default_routes = "auto"
     # 128 = a whole V head per program: twice the bytes in flight per program
     # for the split route's bf16 projection (A), which streams below copy rate
-    sweep_grid = ((128, 4), (128, 8), (64, 2), (64, 4), (32, 2), (32, 4), (16, 4))
+    # for the projection (A); 1-2 warps for the fused kernel at batch 1, where
+    # 128 programs of 4 warps leave the SMs nearly idle and every reduction
+    # over K crosses warps (a shared-memory round trip and a barrier each)
+    sweep_grid = ((128, 4), (128, 8), (64, 2), (64, 4), (32, 2), (32, 4), (16, 4),
+                  (32, 1), (16, 1), (16, 2))
     block_key = "block_v"
     extra_arm_names = ("sglang_replay", "sglang_replay_with_cursor")
     parity_text = ("Parity vs stock triton packed decode (fp32 state, fp32 out, L+1 steps "
