@@ -423,6 +423,16 @@ def test_gdn_backend_protocol_fold_copy(monkeypatch, gdn_stock_bodies, route):
     assert checked
 
 
+# A padded row of the split route computes on whatever its activations hold
+# (SGLang's conv update skips pad slots, leaving them unset) without waiting
+# for the slot id to mask them: the interpreter's numpy reports the overflow.
+# Those outputs are discarded (zeros / not stored); the live rows are asserted.
+PADDED_ROW_GARBAGE = pytest.mark.filterwarnings(
+    "ignore:overflow encountered:RuntimeWarning",
+    "ignore:invalid value encountered:RuntimeWarning")
+
+
+@PADDED_ROW_GARBAGE
 @pytest.mark.parametrize("route", ["auto", "split"])
 def test_gdn_decode_through_the_stock_body(monkeypatch, route):
     """GDNAttnBackend.forward_decode as shipped (causal conv update, then the
@@ -477,6 +487,7 @@ class _OutProjStandIn(torch.nn.Module):
         return x, None
 
 
+@PADDED_ROW_GARBAGE
 @pytest.mark.parametrize("route", ["auto", "split"])
 def test_mamba2_decode_through_the_stock_mixer(monkeypatch, ssu_hook, route):
     """SGLang's own MambaMixer2.forward (in_proj, causal conv, the decode call

@@ -14,7 +14,9 @@ interpreter's site-packages (the directory pip would use):
   spawned scheduler process) finds ``sglang.srt.plugins``;
 * the ``sglang-replayssm`` console script into ``--bin-dir``.
 
-Usage: python3 scripts/gpu/link_install.py [--bin-dir DIR]
+Usage: python3 scripts/gpu/link_install.py [--bin-dir DIR] [--site-dir DIR]
+(--site-dir: write there instead, for a directory that site.addsitedir
+processes; tests/test_link_install.py)
 """
 from __future__ import annotations
 
@@ -66,6 +68,8 @@ def site_packages() -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin-dir", default=None, help="where to write the console script")
+    ap.add_argument("--site-dir", default=None,
+                    help="install into this directory instead of site-packages")
     args = ap.parse_args()
 
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -75,7 +79,8 @@ def main() -> int:
     package_dir = pyproject["tool"]["setuptools"]["package-dir"]
     packages = {pkg: str(ROOT / rel) for pkg, rel in package_dir.items()}
 
-    sp = site_packages()
+    sp = Path(args.site_dir) if args.site_dir else site_packages()
+    sp.mkdir(parents=True, exist_ok=True)
     # a previous pip or link install of this project would register its entry
     # point twice
     for old in list(sp.glob(f"{dist_name}-*.dist-info")) + list(sp.glob(f"__editable__*{dist_name}*")):
