@@ -203,6 +203,41 @@ def test_alloc_clear_copy(case):
     assert after["origin"][[1, 2]].tolist() == [11, 12]
 
 
+def test_exhausted_pool_queues_without_touching_live_slots(case):
+    """Every slot taken: SGLang's alloc answers None (the scheduler keeps the
+    request queued) and no pool tensor or cursor changes; a slot freed and
+    handed out again is cleared before use (mamba_needs_clear, cleared by the
+    scheduler's prepare step), its neighbours untouched."""
+    pool, r2t = case.pool, case.r2t
+    reqs = [req() for _ in range(SLOTS)]
+    assert r2t.alloc(reqs) == [1, 2, 3, 4]
+    slots = [r.mamba_pool_idx.item() for r in reqs]
+    for i in range(0, SLOTS, 2):
+        fill_distinct(pool, torch.tensor(slots[i:i + 2]), 20 * i)
+    before = snapshot(pool)
+
+    late = req()
+    assert r2t.alloc([late]) is None
+    assert late.req_pool_idx is None and late.mamba_pool_idx is None
+    after = snapshot(pool)
+    for name, t in after.items():
+        assert torch.equal(t, before[name]), name
+
+    gone = reqs[1]
+    freed = gone.mamba_pool_idx.item()
+    r2t.free_mamba_cache(gone)
+    r2t.free(gone)
+    assert r2t.alloc([late]) is not None
+    assert late.mamba_pool_idx.item() == freed and late.mamba_needs_clear
+    pool.clear_slots(late.mamba_pool_idx.unsqueeze(0))
+    after = snapshot(pool)
+    assert pool.fill[freed] == 0 and pool.origin[freed] == 0
+    for name, t in after.items():
+        ax = (lambda x, i: x[i]) if t.dim() == 1 else (lambda x, i: x[:, i])
+        others = [s for s in range(SLOTS + 1) if s != freed]
+        assert torch.equal(ax(t, others), ax(before[name], others)), name
+
+
 def test_cpu_copy_round_trip(case):
     pool = case.pool
     fill_distinct(pool, torch.tensor([1, 2]), 0)
