@@ -202,6 +202,30 @@ def ring_positions(offs_s, fill, origin, capacity, T: tl.constexpr, STORAGE_ORDE
 
 
 @triton.jit
+def split_step_cursors(slot_ptr, fill_ptr, origin_ptr, row, offs_s, capacity):
+    """A split route's outputs kernel (B), both families: the row's slot and
+    cursors for one decode token, and the ring entry it appends at. A padded
+    row (slot < 0) is masked, not branched on (an early return would hold
+    every later load behind the slot id): its loads read slot 0's cursors as
+    zeros and the caller masks its stores with ``live``.
+
+    Returns (slot, live, is_hist, is_win, ring, ring_q): the slot (0 for a
+    padded row), whether the row is live, the history and this-token masks
+    over ``offs_s`` in logical order, the history's ring indices, and where
+    this token goes (always inside the ring: capacity >= buffer_len)."""
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    live = slot >= 0
+    slot = tl.maximum(slot, 0)
+    fill = tl.load(fill_ptr + slot, mask=live, other=0)
+    origin = tl.load(origin_ptr + slot, mask=live, other=0)
+    # positions [0, fill) = history in the ring, fill = this token
+    _, is_hist, is_win, _, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1, False)
+    ring_q = origin + fill
+    ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
+    return slot, live, is_hist, is_win, ring, ring_q
+
+
+@triton.jit
 def ring_cumsum(x, pos, STORAGE_ORDER: tl.constexpr):
     """Inclusive prefix sum of x [S] in logical order: x at positions
     ``pos`` (from :func:`ring_positions`) summed over positions <= pos. In

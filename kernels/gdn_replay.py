@@ -68,7 +68,7 @@ import triton.language as tl
 from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
                      check_live_cursors, check_pool, dot_precision, let_dependents_launch,
                      overlap_launch, ring_block, ring_cumsum, ring_positions, softplus,
-                     split_config, wait_for_prior_launch)
+                     split_config, split_step_cursors, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
@@ -464,16 +464,8 @@ def _gdn_split_outputs_kernel(
     # load and would hold every later load behind it.)
     q_in = tl.load(qkv_ptr + row * s_qkv_row + hk * K + offs_k, mask=mask_k, other=0.0)
     k_in = tl.load(qkv_ptr + row * s_qkv_row + H * K + hk * K + offs_k, mask=mask_k, other=0.0)
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    live = slot >= 0
-    slot = tl.maximum(slot, 0)
-    fill = tl.load(fill_ptr + slot, mask=live, other=0)
-    origin = tl.load(origin_ptr + slot, mask=live, other=0)
-    # positions [0, fill) = history in the ring, fill = this token
-    _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1,
-                                                           False)
-    ring_q = origin + fill  # where this token goes (always: capacity >= buffer_len)
-    ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
+    slot, live, is_hist, is_win, ring, ring_q = split_step_cursors(
+        slot_ptr, fill_ptr, origin_ptr, row, offs_s, capacity)
     ks_in = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
                     + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :], other=0.0)
 

@@ -59,7 +59,8 @@ import triton.language as tl
 from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      check_fold_copy, check_live_cursors, check_pool, dot_precision,
                      let_dependents_launch, overlap_launch, ring_block, ring_cumsum,
-                     ring_positions, softplus, split_config, wait_for_prior_launch)
+                     ring_positions, softplus, split_config, split_step_cursors,
+                     wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_dot as _fold
 from .fold import launch_split_fold
@@ -455,16 +456,8 @@ def _mamba2_split_outputs_kernel(
     # load and would hold every later load behind it)
     C_in = tl.load(C_ptr + row * s_C_row + group * s_C_group + offs_n, mask=mask_n, other=0.0)
     B_w = tl.load(B_ptr + row * s_B_row + group * s_B_group + offs_n, mask=mask_n, other=0.0)
-    slot = tl.load(slot_ptr + row).to(tl.int64)
-    live = slot >= 0
-    slot = tl.maximum(slot, 0)
-    fill = tl.load(fill_ptr + slot, mask=live, other=0)
-    origin = tl.load(origin_ptr + slot, mask=live, other=0)
-    # positions [0, fill) = history in the ring, fill = this token
-    _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1,
-                                                           False)
-    ring_q = origin + fill  # where this token goes (always: capacity >= buffer_len)
-    ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
+    slot, live, is_hist, is_win, ring, ring_q = split_step_cursors(
+        slot_ptr, fill_ptr, origin_ptr, row, offs_s, capacity)
     Bs = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
                  + offs_n[None, :], mask=is_hist[:, None] & mask_n[None, :], other=0.0)
 
