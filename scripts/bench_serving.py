@@ -215,19 +215,25 @@ def summarize_profile(trace_dir: str, steps: int, top: int = 40) -> dict:
 
 # --- parsing -----------------------------------------------------------------
 
+def _case(bs, input_len, output_len, tps, latency, ttft) -> dict:
+    """One bench_one_batch_server case; ITL as its report computes it:
+    1000 * batch / output throughput."""
+    bs, tps = int(bs), float(tps)
+    return {"input_len": int(input_len), "output_len": int(output_len), "output_tok_s": tps,
+            "itl_ms": 1000.0 * bs / tps if tps > 0 else None,
+            "latency_s": float(latency), "ttft_s": float(ttft)}
+
+
 def parse_bench_results(jsonl_text: str) -> dict[int, dict]:
-    """bench_one_batch_server's --result-filename lines -> {batch: metrics}.
-    ITL as its report computes it: 1000 * batch / output throughput."""
+    """bench_one_batch_server's --result-filename lines -> {batch: metrics}."""
     out = {}
     for line in jsonl_text.splitlines():
         line = line.strip()
         if not line:
             continue
         r = json.loads(line)
-        bs, tps = int(r["batch_size"]), float(r["output_throughput"])
-        out[bs] = {"input_len": int(r["input_len"]), "output_len": int(r["output_len"]),
-                   "output_tok_s": tps, "itl_ms": 1000.0 * bs / tps if tps > 0 else None,
-                   "latency_s": float(r["latency"]), "ttft_s": float(r["last_ttft"])}
+        out[int(r["batch_size"])] = _case(r["batch_size"], r["input_len"], r["output_len"],
+                                          r["output_throughput"], r["latency"], r["last_ttft"])
     return out
 
 
@@ -243,10 +249,7 @@ def parse_bench_stdout(text: str) -> dict[int, dict]:
     batch size wins, and the measured cases come after the warm-up."""
     out = {}
     for m in _STDOUT_CASE.finditer(text):
-        bs, tps = int(m["bs"]), float(m["tps"])
-        out[bs] = {"input_len": int(m["il"]), "output_len": int(m["ol"]), "output_tok_s": tps,
-                   "itl_ms": 1000.0 * bs / tps if tps > 0 else None,
-                   "latency_s": float(m["lat"]), "ttft_s": float(m["ttft"])}
+        out[int(m["bs"])] = _case(m["bs"], m["il"], m["ol"], m["tps"], m["lat"], m["ttft"])
     return out
 
 
