@@ -5,7 +5,7 @@
 # MODEL_ROOT (default .model) holds the output of make_model.py.
 # Unpacks the bundle to /tmp/site once per machine, puts it and stubsite/ on
 # PYTHONPATH, copies the tokenizer into every *-dummy model dir, and sets the
-# offline env vars; defines replayssm_install (the editable install of this repo).
+# offline env vars; defines replayssm_install (this checkout installed in place, no pip).
 _H200=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 _B=$(cd "${1:-.whl517}" && pwd); _M=$(cd "${2:-.model}" 2>/dev/null && pwd)
 if [ ! -f /tmp/site/.unpacked ]; then

@@ -5,7 +5,7 @@
 #   FAMILIES="mamba2 gdn" bash scripts/gpu/run_gpu_tier.sh --routes output_only,split
 # 1. unpacks the sglang 0.5.17 bundle (scripts/gpu/build_bundle.sh) and sets the
 #    offline environment (scripts/gpu/device_setup.sh);
-# 2. installs this package (editable, no deps, no index);
+# 2. installs this package in place (replayssm_install: scripts/gpu/link_install.py);
 # 3. runs `sglang-replayssm check` and the kernel benchmark once per family
 #    of FAMILIES (default mamba2; benchmarks/results/kernels_<family>.{json,md,png});
 # 4. runs the GPU-marked tests (bounded by TEST_TIMEOUT, default 300 s).

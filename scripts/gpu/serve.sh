@@ -6,7 +6,7 @@
 #   bash scripts/gpu/serve.sh nemotron-h-8b replayssm --parity
 #   bash scripts/gpu/serve.sh qwen3-next-80b sglang-replay --parity
 # 1. unpacks the sglang bundle and sets the offline env (device_setup.sh);
-# 2. installs this package (editable, no deps, no index) so the replayssm arm's
+# 2. installs this package in place (replayssm_install) so the replayssm arm's
 #    plugin is registered;
 # 3. runs scripts/bench_serving.py run --model MODEL --arms ARM, bounded by
 #    RUN_TIMEOUT (default 570 s: a device command may run 600 s);
