@@ -141,6 +141,24 @@ def _head_vector(ptr, mask_k, USE_QK_L2NORM: tl.constexpr):
 
 
 @triton.jit
+def _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos, fill, offs_k, mask_k,
+               WINDOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """The keys [S, K] a step sees in fp32: the ring's history (loaded at
+    ``ring_ok``, kept at ``is_hist``) and the first WINDOW window tokens'
+    keys, normalised from their input (``key_ptr`` = this row's k-head in
+    mixed_qkv). Zero elsewhere. Called again by a flush rather than keeping
+    the step's tile alive to it: a [S, K] tile held across the step is 64
+    registers a thread at one warp (the 1-warp launches of batch 1)."""
+    ks = tl.load(kbuf_ptr + kb_off, mask=ring_ok[:, None] & mask_k[None, :],
+                 other=0.0).to(tl.float32)
+    ks = tl.where(is_hist[:, None], ks, 0.0)
+    for j in tl.static_range(WINDOW):
+        k_j = _head_vector(key_ptr + j * s_qkv_t + offs_k, mask_k, USE_QK_L2NORM)
+        ks = tl.where((pos == fill + j)[:, None], k_j[None, :], ks)
+    return ks
+
+
+@triton.jit
 def _gdn_replay_kernel(
     ckpt_ptr, fold_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr,
     fill_ptr, origin_ptr, slot_ptr,
@@ -191,10 +209,12 @@ def _gdn_replay_kernel(
                                                               T, STORAGE_ORDER)
     g_s = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=ring_ok, other=0.0)
     g_s = tl.where(is_hist, g_s, 0.0)
-    ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
-                 + offs_k[None, :], mask=ring_ok[:, None] & mask_k[None, :],
-                 other=0.0).to(tl.float32)                                   # [S, K]
-    ks = tl.where(is_hist[:, None], ks, 0.0)
+    kb_off = slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos + offs_k[None, :]
+    key_ptr = qkv_ptr + row * s_qkv_row + H * K + hk * K
+    # history keys [S, K] and the window's but the last (verify's token j
+    # reads the keys of tokens < j; decode's only token reads the history)
+    ks = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos, fill, offs_k,
+                    mask_k, T - 1, USE_QK_L2NORM)
     us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
                  + offs_v[None, :], mask=ring_ok[:, None] & mask_v[None, :],
                  other=0.0).to(tl.float32)                                   # [S, BV]
@@ -205,16 +225,13 @@ def _gdn_replay_kernel(
     vwin = tl.zeros([BLOCK_S, BLOCK_V], dtype=tl.float32)
     bwin = tl.zeros([BLOCK_S], dtype=tl.float32)
 
-    # window gates and keys (the window's u is computed below, token by token)
+    # window gates (the window's u is computed below, token by token)
     A_log = tl.load(A_log_ptr + hv).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
     for j in tl.static_range(T):
         a_j = tl.load(a_ptr + row * s_a_row + j * s_a_t + hv).to(tl.float32)
         g_j = -tl.exp(A_log) * softplus(a_j + dt_bias)
         g_s = tl.where(pos == fill + j, g_j, g_s)
-        k_j = _head_vector(qkv_ptr + row * s_qkv_row + j * s_qkv_t + H * K + hk * K + offs_k,
-                           mask_k, USE_QK_L2NORM)
-        ks = tl.where((pos == fill + j)[:, None], k_j[None, :], ks)
     cum = ring_cumsum(g_s, pos, STORAGE_ORDER)
 
     no_win = offs_s < 0
@@ -223,6 +240,14 @@ def _gdn_replay_kernel(
                ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin, no_win,
                HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
     else:
+        if MODE == 0:  # decode: a full buffer folds history + this token, appends nothing
+            flush = fill + 1 >= buffer_len
+            n_write = tl.where(flush, 0, 1)
+        else:  # verify: the window is appended; a window that fills the buffer folds the history
+            flush = fill + T >= buffer_len
+            n_write = T
+        # the k ring gets the window's keys from the k-head's first v-head, first V slice
+        k_writer = (pid_v == 0) & (hv % (HV // H) == 0)
         # outputs from the checkpoint as read, over history + window; a flush
         # comes after them (decode and verify alike), so the tile the outputs
         # reduce keeps one layout (a fold before the outputs made Triton move
@@ -234,8 +259,7 @@ def _gdn_replay_kernel(
             # which the compiler may share), not picked out of the ring tile:
             # h_c k_j then waits for the checkpoint read only, not for the
             # cursor -> ring loads as well
-            k_j = _head_vector(qkv_ptr + row * s_qkv_row + j * s_qkv_t + H * K + hk * K + offs_k,
-                               mask_k, USE_QK_L2NORM)
+            k_j = _head_vector(key_ptr + j * s_qkv_t + offs_k, mask_k, USE_QK_L2NORM)
             q_j = _head_vector(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
                                mask_k, USE_QK_L2NORM) * scale
             v_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + 2 * H * K + hv * V + offs_v,
@@ -257,25 +281,30 @@ def _gdn_replay_kernel(
                 bwin = tl.where(pos == q_pos, beta, bwin)
             tl.store(out_ptr + row * s_o_row + j * s_o_t + hv * s_o_head + offs_v,
                      o_j.to(out_ptr.dtype.element_ty), mask=mask_v)
-        if MODE == 0:
-            # decode: a full buffer folds history + this token at the end of the step
-            flush = fill + 1 >= buffer_len
-            if flush:
-                _flush(us, ks, cum, pos, fill, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+            # append this token's key (at ring index origin + fill + j)
+            r_j = origin + fill + j
+            r_j = tl.where(r_j >= capacity, r_j - capacity, r_j)
+            tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + r_j * s_kb_pos + offs_k,
+                     k_j.to(kbuf_ptr.dtype.element_ty), mask=mask_k & k_writer & (j < n_write))
+        if flush:
+            # decode folds history + this token; verify the committed history
+            # (the window's u do not depend on which checkpoint they were
+            # computed from: they are the recurrence's corrected values). The
+            # keys are read again (L2 hits), not kept alive from the step.
+            if MODE == 0:
+                _flush(us, _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos,
+                                      fill, offs_k, mask_k, 1, USE_QK_L2NORM),
+                       cum, pos, fill, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
                        ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin,
                        is_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
-            n_write = tl.where(flush, 0, 1)
-        else:
-            # verify: a window that would fill the buffer folds the committed
-            # history (the window's u do not depend on which checkpoint they
-            # were computed from: they are the recurrence's corrected values)
-            if fill + T >= buffer_len:
-                _flush(us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+            else:
+                _flush(us, _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos,
+                                      fill, offs_k, mask_k, 0, USE_QK_L2NORM),
+                       cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
                        ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin,
                        no_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
-            n_write = T
         # append the window: u by every V slice, g by the first V slice of each
-        # v-head, k by the first V slice of the k-head's first v-head
+        # v-head (k went in above, token by token)
         write = is_win & (win < n_write)
         tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
                  + offs_v[None, :], us.to(ubuf_ptr.dtype.element_ty),
@@ -287,10 +316,6 @@ def _gdn_replay_kernel(
             tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, g_s, mask=write)
             if HAS_FOLD_COPY:
                 tl.store(betabuf_ptr + bb_off, bwin, mask=write)
-            if hv % (HV // H) == 0:
-                tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
-                         + offs_k[None, :], ks.to(kbuf_ptr.dtype.element_ty),
-                         mask=write[:, None] & mask_k[None, :])
 
 
 @triton.jit
