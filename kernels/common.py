@@ -64,8 +64,7 @@ class SplitConfig(LaunchConfig):
                   apply; False: (A) is the plain projection and (C) folds
     fold_cols     project_fold only: dstate / K columns folded at a time,
                   re-read from L2 (power of 2, >= 16), so that the fold does
-                  not size (A)'s registers; 0 = the whole tile, kept in
-                  registers from the projection
+                  not size (A)'s registers; 0 = all of them in one chunk
     overlap       project_fold only, SM90+ (ignored by the interpreter): (B)
                   is launched with programmatic dependent launch while (A)
                   runs (every (A) program lets it launch when it starts), so

@@ -357,8 +357,8 @@ def _gdn_split_projection_kernel(
     This token's u_t for the tile's V rows is computed here (as (B) does,
     from h_c k_t of the tile just read and the ring; (B), launched after,
     appends its own u_t, which the flush then discards with the buffer).
-    FOLD_COLS as in the Mamba-2 kernel: 0 = fold the tile held in registers,
-    c = fold c key columns at a time, re-read from L2."""
+    FOLD_COLS as in the Mamba-2 kernel: the fold takes that many key
+    columns at a time, re-read from L2."""
     let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
     pid_r = tl.program_id(0)
     hv = tl.program_id(1)
@@ -418,26 +418,21 @@ def _gdn_split_projection_kernel(
         us = tl.where(is_win[:, None], u_t[None, :], us)
         upto = offs_s <= fill
         ones = tl.where(upto, 1.0, 0.0)
-        if FOLD_COLS == 0:
-            ks = tl.where(is_win[:, None], k_t[None, :], ks)
-            h = fold_dot(h, us, ks, ones, cum, upto, total, DOT_PRECISION)
-            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rk)
-        else:
-            tile = slot * s_ck_slot + hv * s_ck_head + offs_r[:, None] * s_ck_row
-            k_ring = kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
-            k_tok = qkv_ptr + row64 * s_qkv_row + H * K + hk * K
-            for c in tl.static_range(0, BLOCK_K, FOLD_COLS):
-                offs_c = c + tl.arange(0, FOLD_COLS)
-                mask_c = offs_c < K
-                m_rc = mask_r[:, None] & mask_c[None, :]
-                hc = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_rc, other=0.0)
-                kc = tl.load(k_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
-                             other=0.0)
-                kq = tl.load(k_tok + offs_c, mask=mask_c, other=0.0).to(tl.float32) / n_k
-                kc = tl.where(is_win[:, None], kq[None, :], kc.to(tl.float32))
-                hc = fold_dot(hc.to(tl.float32), us, kc, ones, cum, upto, total, DOT_PRECISION)
-                tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
-                         mask=m_rc)
+        tile = slot * s_ck_slot + hv * s_ck_head + offs_r[:, None] * s_ck_row
+        k_ring = kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+        k_tok = qkv_ptr + row64 * s_qkv_row + H * K + hk * K
+        for c in tl.static_range(0, BLOCK_K, FOLD_COLS):
+            offs_c = c + tl.arange(0, FOLD_COLS)
+            mask_c = offs_c < K
+            m_rc = mask_r[:, None] & mask_c[None, :]
+            hc = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_rc, other=0.0)
+            kc = tl.load(k_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
+                         other=0.0)
+            kq = tl.load(k_tok + offs_c, mask=mask_c, other=0.0).to(tl.float32) / n_k
+            kc = tl.where(is_win[:, None], kq[None, :], kc.to(tl.float32))
+            hc = fold_dot(hc.to(tl.float32), us, kc, ones, cum, upto, total, DOT_PRECISION)
+            tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
+                     mask=m_rc)
 
 
 @triton.jit
@@ -758,7 +753,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             mixed_qkv.stride(0), a.stride(0), b.stride(0),
             proj.stride(0), proj.stride(1), proj.stride(2),
             BLOCK_S=BLOCK_S, BLOCK_R=cfg.block, BLOCK_K=BLOCK_K,
-            FOLD_COLS=min(cfg.fold_cols, BLOCK_K) if cfg.fold_cols else 0,
+            FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K),
             USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
             num_warps=cfg.num_warps,
         )

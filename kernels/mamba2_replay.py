@@ -323,11 +323,12 @@ def _mamba2_split_projection_kernel(
     of a step spread over the projection's whole grid. This token's (x, B,
     dt) come from the call's inputs: (B), launched after, appends them.
 
-    FOLD_COLS = 0 folds the tile the projection holds in registers (the
-    fold's dot, its operands and the tile size every program, flushing or
-    not); FOLD_COLS = c folds c dstate columns at a time, re-read from L2
-    (the projection's tile is dead by then, so the fold does not raise the
-    kernel's register count above the projection's)."""
+    The fold takes FOLD_COLS dstate columns at a time, re-read from L2 (the
+    projection's tile is dead by then, so the fold does not raise the
+    kernel's register count above the projection's). Folding the tile the
+    projection holds instead (an option until 2026-12-04) made Triton convert
+    a bf16 tile to the dot's layout at its load, on every step
+    (scripts/kernel_regs.py)."""
     let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
@@ -358,14 +359,6 @@ def _mamba2_split_projection_kernel(
                                                            False)
         b_ring = bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
         b_tok = B_ptr + row64 * s_B_row + group * s_B_group
-        if FOLD_COLS == 0:
-            if HAS_FOLD_COPY:  # the fold copy is the precise one
-                h = tl.load(fold_ptr + tile + offs_n[None, :], mask=m_pn, other=0.0)
-            else:
-                h = h_in
-            Bs = tl.load(b_ring + offs_n[None, :], mask=is_hist[:, None] & mask_n[None, :],
-                         other=0.0)
-            B_q = tl.load(b_tok + offs_n, mask=mask_n, other=0.0)
         dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring,
                        mask=is_hist, other=0.0)
         xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
@@ -382,33 +375,24 @@ def _mamba2_split_projection_kernel(
         cum = tl.cumsum(dt * A, axis=0)
         upto = offs_s <= fill
         total = tl.sum(tl.where(upto, dt * A, 0.0), axis=0)
-        if FOLD_COLS == 0:
+        for c in tl.static_range(0, BLOCK_N, FOLD_COLS):
+            offs_c = c + tl.arange(0, FOLD_COLS)
+            mask_c = offs_c < dstate
+            m_pc = mask_p[:, None] & mask_c[None, :]
+            if HAS_FOLD_COPY:  # the fold copy is the precise one
+                h = tl.load(fold_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
+            else:
+                h = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
+            Bs = tl.load(b_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
+                         other=0.0)
+            B_q = tl.load(b_tok + offs_c, mask=mask_c, other=0.0)
             Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
             h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
-            tl.store(ckpt_ptr + tile + offs_n[None, :], h.to(ckpt_ptr.dtype.element_ty),
-                     mask=m_pn)
+            tl.store(ckpt_ptr + tile + offs_c[None, :], h.to(ckpt_ptr.dtype.element_ty),
+                     mask=m_pc)
             if HAS_FOLD_COPY:
-                tl.store(fold_ptr + tile + offs_n[None, :], h.to(fold_ptr.dtype.element_ty),
-                         mask=m_pn)
-        else:
-            for c in tl.static_range(0, BLOCK_N, FOLD_COLS):
-                offs_c = c + tl.arange(0, FOLD_COLS)
-                mask_c = offs_c < dstate
-                m_pc = mask_p[:, None] & mask_c[None, :]
-                if HAS_FOLD_COPY:
-                    h = tl.load(fold_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
-                else:
-                    h = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
-                Bs = tl.load(b_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
-                             other=0.0)
-                B_q = tl.load(b_tok + offs_c, mask=mask_c, other=0.0)
-                Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
-                h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
-                tl.store(ckpt_ptr + tile + offs_c[None, :], h.to(ckpt_ptr.dtype.element_ty),
+                tl.store(fold_ptr + tile + offs_c[None, :], h.to(fold_ptr.dtype.element_ty),
                          mask=m_pc)
-                if HAS_FOLD_COPY:
-                    tl.store(fold_ptr + tile + offs_c[None, :],
-                             h.to(fold_ptr.dtype.element_ty), mask=m_pc)
 
 
 @triton.jit
@@ -736,7 +720,7 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
             proj.stride(0), proj.stride(1), A.stride(0),
             dt_bias.stride(0) if dt_bias is not None else 0,
             BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
-            FOLD_COLS=min(cfg.fold_cols, BLOCK_N) if cfg.fold_cols else 0,
+            FOLD_COLS=min(cfg.fold_cols or BLOCK_N, BLOCK_N),
             HAS_FOLD_COPY=checkpoint_fold is not None, HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=dt_softplus, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
             num_warps=cfg.num_warps,

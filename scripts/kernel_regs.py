@@ -22,7 +22,8 @@ picked configs on the GPU (``kernel.n_regs`` / ``n_spills`` after a launch).
 usage: python scripts/kernel_regs.py [mamba2|gdn ...]   (default: both;
        TRITON_INTERPRET must be unset)
        python scripts/kernel_regs.py check   (exit 1 on such a conversion in
-       an output-only fused decode or verify kernel; tests/test_kernel_layouts.py)
+       an output-only fused decode or verify kernel or a split projection
+       with the fold; tests/test_kernel_layouts.py)
 """
 from __future__ import annotations
 
@@ -100,6 +101,31 @@ MAMBA2_PTRS = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "
                "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "proj_ptr": "*fp32"}
 
 
+def mamba2_projection_case(sdt, cols, block=32):
+    """The split route's (A) with the flush folded in (project_fold)."""
+    ptr = f"*{sdt}"
+    return (m2._mamba2_split_projection_kernel, dict(MAMBA2_PTRS, ckpt_ptr=ptr, fold_ptr=ptr),
+            {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "FOLD_COLS": cols,
+             "HAS_FOLD_COPY": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
+             "DOT_PRECISION": "tf32x3", "OVERLAP": False})
+
+
+def gdn_projection_case(sdt, cols, block=32):
+    ptr = f"*{sdt}"
+    return (gdn._gdn_split_projection_kernel, dict(gdn_split_ptrs(sdt), ckpt_ptr=ptr),
+            {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": 128, "FOLD_COLS": cols,
+             "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3", "OVERLAP": False})
+
+
+def gdn_split_ptrs(sdt):
+    """The GDN split kernels' pointers: u ring in the state's dtype, as bench_kernels.py."""
+    ptr = f"*{sdt}"
+    return {"kbuf_ptr": "*bf16", "ubuf_ptr": ptr, "gbuf_ptr": "*fp32", "fill_ptr": "*i32",
+            "origin_ptr": "*i32", "slot_ptr": "*i32", "proj_ptr": "*fp32",
+            "qkv_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
+            "dt_bias_ptr": "*bf16", "out_ptr": "*bf16"}
+
+
 def mamba2():
     state = {"fp32": "*fp32", "bf16": "*bf16"}
     for sdt, ptr in state.items():
@@ -110,15 +136,11 @@ def mamba2():
                         "out_ptr": "*fp32"},
                        {"NUM_VEC": 1, "BLOCK_R": block, "BLOCK_K": N}, nw)
     for sdt, ptr in state.items():
-        for cols in (0, 32):
+        for cols in (N, 32):  # fold_cols 0 launches one chunk of N
             for block in (16, 32, 64):
                 for nw in (2, 4, 8):
                     report(f"(A) projection + fold {sdt} fold_cols={cols} block={block}",
-                           m2._mamba2_split_projection_kernel,
-                           dict(MAMBA2_PTRS, ckpt_ptr=ptr, fold_ptr=ptr),
-                           {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "FOLD_COLS": cols,
-                            "HAS_FOLD_COPY": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
-                            "DOT_PRECISION": "tf32x3", "OVERLAP": False}, nw)
+                           *mamba2_projection_case(sdt, cols, block), nw)
     for heads in (1, 4, 16):
         for nw in (1, 2, 4):
             for overlap in (False, True):
@@ -144,10 +166,7 @@ def gdn_split():
     K = V = 128
     for sdt in ("fp32", "bf16"):
         ptr = f"*{sdt}"
-        ring = {"kbuf_ptr": "*bf16", "ubuf_ptr": ptr, "gbuf_ptr": "*fp32", "fill_ptr": "*i32",
-                "origin_ptr": "*i32", "slot_ptr": "*i32", "proj_ptr": "*fp32",
-                "qkv_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
-                "dt_bias_ptr": "*bf16", "out_ptr": "*bf16"}
+        ring = gdn_split_ptrs(sdt)
         for block in (32, 64):
             for nw in (1, 2, 4):
                 report(f"GDN (A) projection {sdt} 2 vectors block={block}",
@@ -155,14 +174,11 @@ def gdn_split():
                        {"state_ptr": ptr, "slot_ptr": "*i32", "vec_ptr": "*bf16",
                         "out_ptr": "*fp32"},
                        {"NUM_VEC": 2, "BLOCK_R": block, "BLOCK_K": K}, nw)
-        for cols in (0, 32):
+        for cols in (K, 32):  # fold_cols 0 launches one chunk of K
             for block in (16, 32, 64):
                 for nw in (2, 4, 8):
                     report(f"GDN (A) projection + fold {sdt} fold_cols={cols} block={block}",
-                           gdn._gdn_split_projection_kernel, dict(ring, ckpt_ptr=ptr),
-                           {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": K, "FOLD_COLS": cols,
-                            "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3",
-                            "OVERLAP": False}, nw)
+                           *gdn_projection_case(sdt, cols, block), nw)
         for heads in (1, 2):
             for nw in (1, 2, 4):
                 for overlap in (False, True):
@@ -249,19 +265,25 @@ def mamba2_fused():
 
 
 def check() -> int:
-    """Exit status 1 if an output-only fused decode or verify kernel converts a
-    state tile to an MMA layout outside its flush branch (the launch shapes
-    of the defaults: block 32, 4 warps). The reconstruct route and the
-    flush-only launch need the tile in that layout by design."""
+    """Exit status 1 if an output-only fused decode or verify kernel, or a
+    split route's projection (A) with the fold in it, converts a state tile
+    to an MMA layout outside its flush branch (the launch shapes of the
+    defaults: block 32, 4 warps; (A) with fold_cols 32 and 0 = one chunk).
+    The reconstruct route and the flush-only launch need the tile in that
+    layout by design."""
     bad = 0
     for state in ("fp32", "bf16"):
+        cases = {}
         for mode in FUSED_MODES:
-            for name, (fn, ptrs, consts) in {
-                    f"GDN fused {mode} {state}": gdn_fused_case(state, mode),
-                    f"Mamba-2 fused {mode} {state}": mamba2_fused_case(state, mode)}.items():
-                tiles = unconditional_mma_tiles(compile_sm90(fn, ptrs, consts, 4).asm["ttgir"])
-                print(f"{name:<36} {'tiles to MMA layout on every step: ' + ' '.join(tiles) if tiles else 'ok'}")
-                bad += bool(tiles)
+            cases[f"GDN fused {mode} {state}"] = gdn_fused_case(state, mode)
+            cases[f"Mamba-2 fused {mode} {state}"] = mamba2_fused_case(state, mode)
+        for cols in (32, 128):
+            cases[f"GDN (A) fold_cols={cols} {state}"] = gdn_projection_case(state, cols)
+            cases[f"Mamba-2 (A) fold_cols={cols} {state}"] = mamba2_projection_case(state, cols)
+        for name, (fn, ptrs, consts) in cases.items():
+            tiles = unconditional_mma_tiles(compile_sm90(fn, ptrs, consts, 4).asm["ttgir"])
+            print(f"{name:<36} {'tiles to MMA layout on every step: ' + ' '.join(tiles) if tiles else 'ok'}")
+            bad += bool(tiles)
     return 1 if bad else 0
 
 

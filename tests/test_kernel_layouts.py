@@ -5,8 +5,10 @@ Triton 3.6 moved such a conversion of a bf16 checkpoint to its load, outside
 the flush branch, so that every decode step paid a shared-memory round trip
 of the whole tile (GDN b=1 bf16: 5.76 -> 5.12 us per plain step once gone,
 benchmarks/NOTES.md 2026-12-04 night); verify had the same with its fold
-before the outputs. This compiles the kernels for sm_90 offline (no GPU:
-Triton's bundled ptxas) and reads the TTGIR: `scripts/kernel_regs.py check`.
+before the outputs, and the split routes' projection (A) when it folded the
+tile it held (fold_cols=0 until 2026-12-04). This compiles the kernels for
+sm_90 offline (no GPU: Triton's bundled ptxas) and reads the TTGIR:
+`scripts/kernel_regs.py check`.
 """
 from __future__ import annotations
 
@@ -35,4 +37,5 @@ def test_no_state_tile_in_the_mma_layout_outside_the_flush():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "kernel_regs.py"), "check"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count(" ok") == 8, proc.stdout  # 2 families x decode/verify x 2 dtypes
+    # 2 dtypes x 2 families x (fused decode, fused verify, (A) at 2 fold_cols)
+    assert proc.stdout.count(" ok") == 16, proc.stdout
