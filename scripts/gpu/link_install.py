@@ -57,8 +57,13 @@ if not any(f is _LinkFinder or getattr(f, "__name__", "") == "_LinkFinder"
 
 
 def site_packages() -> Path:
-    for d in [sysconfig.get_paths()["purelib"], *site.getsitepackages()]:
-        if os.access(d, os.W_OK):
+    """pip's target (purelib) when the interpreter processes its .pth files at
+    startup, else the first writable directory that it does, else the user
+    site."""
+    dirs = site.getsitepackages()
+    purelib = sysconfig.get_paths()["purelib"]
+    for d in ([purelib] if purelib in dirs else []) + dirs:
+        if os.path.isdir(d) and os.access(d, os.W_OK):
             return Path(d)
     user = Path(site.getusersitepackages())
     user.mkdir(parents=True, exist_ok=True)
