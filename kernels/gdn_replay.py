@@ -559,15 +559,19 @@ def _gdn_split_outputs_kernel(
 # --------------------------------------------------------------------------
 
 def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
-                   batch: int = 256, route: str = "output_only") -> LaunchConfig:
+                   batch: int = 256, route: str = "output_only",
+                   mode: int = MODE_DECODE) -> LaunchConfig:
     """The fused kernel: the Mamba-2 kernel's measured shape (a large tile, 2
-    warps at serving batch) carried over; it serves batches below 8 only. For
-    the split route a SplitConfig whose projection (A) tile follows the same
-    rule (its sweep on the H200 is flat) and whose (B)/(C) knobs were
-    measured (below)."""
+    warps at serving batch) carried over for decode, which it serves below
+    batch 8 only; verify and flush-only (``mode``) keep 32 rows at 4 warps at
+    every batch (64 rows at 2 warps spill on sm_90, offline,
+    scripts/kernel_regs.py: verify T=4 1.7-2.9 KB a thread, flush-only
+    112-336 B; 32 / 4 does not up to T=8; not timed). For the split route a
+    SplitConfig whose projection (A) tile follows the decode rule (its sweep
+    on the H200 is flat) and whose (B)/(C) knobs were measured (below)."""
     bv = min(64, max(16, triton.next_power_of_2(head_v_dim)))
-    cfg = LaunchConfig(block=bv if batch >= 32 else min(bv, 32),
-                       num_warps=2 if batch >= 32 else 4)
+    large = batch >= 32 and mode == MODE_DECODE
+    cfg = LaunchConfig(block=bv if large else min(bv, 32), num_warps=2 if large else 4)
     if route in SPLIT_ROUTES:
         # H200, Qwen3-Next shape, b=256, L=16 (kernels_gdn_latency.md): (B)
         # at 1 warp 29.2 / 22.1 us (fp32 / bf16 state) vs 35.1 / 39.8 at 2
@@ -691,7 +695,7 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     if batch == 0:
         return out
 
-    cfg = config or default_config(V, K, checkpoint.dtype, batch)
+    cfg = config or default_config(V, K, checkpoint.dtype, batch, mode=mode)
     BLOCK_S = ring_block(buffer_len, T, cap, cfg.storage_order)
     BLOCK_K = max(16, triton.next_power_of_2(K))
     qkv = mixed_qkv if mixed_qkv is not None else g_buffer.new_empty(batch, 1, 1)

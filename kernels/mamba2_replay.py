@@ -508,7 +508,7 @@ def _mamba2_split_outputs_kernel(
 
 def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
                    batch: int = 256, route: str = "output_only",
-                   heads_per_group: int = 1) -> LaunchConfig:
+                   heads_per_group: int = 1, mode: int = MODE_DECODE) -> LaunchConfig:
     """Launch configuration, from the H200 sweeps in benchmarks/results/
     (kernels_mamba2*.json): at serving batch sizes a whole head per program
     with 2 warps (more programs resident per SM); small batches need more,
@@ -527,8 +527,12 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
     5.6 / 5.0 us per step (fp32 / bf16 state) vs 6.4 / 5.6 in the record before
     (kernels_mamba2_small.json; in its sweep 7.5 vs 8.1 and 7.0 vs 7.3 us
     with the commit launch). Batches 2-7 follow batch 1 unmeasured; from 8
-    (verify, and decode at large batch is split) the logical order stays."""
-    if batch >= 32:
+    (verify, and decode at large batch is split) the logical order stays.
+    Verify and flush-only (``mode``) keep 32 rows at 4 warps at every batch:
+    the decode shape of serving batches (a whole head, 2 warps) spills there
+    on sm_90 (offline, scripts/kernel_regs.py: verify T=4 ~2 KB a thread,
+    flush-only 132-336 B), 32 / 4 does not up to T=8 (not timed)."""
+    if batch >= 32 and mode == MODE_DECODE:
         cfg = LaunchConfig(block=min(64, max(16, triton.next_power_of_2(headdim))), num_warps=2)
     else:
         cfg = LaunchConfig(block=32 if headdim > 16 else 16, num_warps=4,
@@ -640,7 +644,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
                       dt_bias, dt_softplus, out[:, 0], buffer_len, checkpoint_fold, config,
                       BLOCK_S)
         return out
-    cfg = config or default_config(P, N, checkpoint.dtype, batch)
+    cfg = config or default_config(P, N, checkpoint.dtype, batch, mode=mode)
     BLOCK_S = ring_block(buffer_len, T, cap, cfg.storage_order)
     BLOCK_N = max(16, triton.next_power_of_2(N))
     dummy = dt_buffer

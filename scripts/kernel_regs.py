@@ -23,7 +23,8 @@ usage: python scripts/kernel_regs.py [mamba2|gdn ...]   (default: both;
        TRITON_INTERPRET must be unset)
        python scripts/kernel_regs.py check   (exit 1 on such a conversion in
        an output-only fused decode or verify kernel or a split projection
-       with the fold; tests/test_kernel_layouts.py)
+       with the fold, or on a default verify / flush launch that spills;
+       tests/test_kernel_layouts.py)
 """
 from __future__ import annotations
 
@@ -64,8 +65,8 @@ def compile_sm90(fn, ptr_types, consts, num_warps):
                           options={"num_warps": num_warps})
 
 
-def report(name, fn, ptr_types, consts, num_warps):
-    k = compile_sm90(fn, ptr_types, consts, num_warps)
+def resources(k) -> tuple[int | None, int | None]:
+    """(registers, bytes of spill stores) of a compiled kernel, from ptxas -v."""
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
         f.write(k.asm["ptx"])
     info = subprocess.run([PTXAS, "-v", "--gpu-name=sm_90a", f.name, "-o", os.devnull],
@@ -73,9 +74,15 @@ def report(name, fn, ptr_types, consts, num_warps):
     os.unlink(f.name)
     regs = re.search(r"Used (\d+) registers", info)
     spill = re.search(r"(\d+) bytes spill stores", info)
+    return (int(regs.group(1)) if regs else None, int(spill.group(1)) if spill else None)
+
+
+def report(name, fn, ptr_types, consts, num_warps):
+    k = compile_sm90(fn, ptr_types, consts, num_warps)
+    regs, spill = resources(k)
     hoisted = unconditional_mma_tiles(k.asm["ttgir"])
-    print(f"{name:<44} warps={num_warps}: {regs.group(1) if regs else '?':>3} registers, "
-          f"{spill.group(1) if spill else '?':>4} B spilled, {k.metadata.shared:>6} B shared"
+    print(f"{name:<44} warps={num_warps}: {regs if regs is not None else '?':>3} registers, "
+          f"{spill if spill is not None else '?':>4} B spilled, {k.metadata.shared:>6} B shared"
           + (f", tiles to MMA layout on every step: {' '.join(hoisted)}" if hoisted else ""))
 
 
@@ -284,7 +291,35 @@ def check() -> int:
             tiles = unconditional_mma_tiles(compile_sm90(fn, ptrs, consts, 4).asm["ttgir"])
             print(f"{name:<36} {'tiles to MMA layout on every step: ' + ' '.join(tiles) if tiles else 'ok'}")
             bad += bool(tiles)
-    return 1 if bad else 0
+    return 1 if bad + spilling_defaults() else 0
+
+
+def spilling_defaults() -> int:
+    """How many fused verify / flush-only launches at the launchers' default
+    config for a serving batch (256) spill registers on sm_90 (printed).
+    Until 2026-12-04 they took decode's 64 rows / 2 warps there: verify T=4
+    spilled 1.7-2.9 KB a thread."""
+    import torch
+
+    from sglang_replayssm.kernels.cursors import MODE_FLUSH, MODE_VERIFY
+    modes = {"verify T=4": (MODE_VERIFY, 4, 32), "flush": (MODE_FLUSH, 0, L)}
+    bad = 0
+    for state, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for mode, (m, t, block_s) in modes.items():
+            for fam in ("GDN", "Mamba-2"):
+                if fam == "GDN":
+                    cfg = gdn.default_config(128, 128, dtype, 256, mode=m)
+                    fn, ptrs, consts = gdn_fused_case(state, "decode", cfg.block)
+                else:
+                    cfg = m2.default_config(P, N, dtype, 256, mode=m)
+                    fn, ptrs, consts = mamba2_fused_case(state, "decode", block=cfg.block)
+                consts = dict(consts, MODE=m, T=t, BLOCK_S=block_s,
+                              STORAGE_ORDER=cfg.storage_order)
+                _, spill = resources(compile_sm90(fn, ptrs, consts, cfg.num_warps))
+                name = f"{fam} {mode} {state} at block {cfg.block}, {cfg.num_warps} warps"
+                print(f"{name:<44} {'ok' if spill == 0 else f'{spill} B spilled'}")
+                bad += spill != 0
+    return bad
 
 
 def main():
