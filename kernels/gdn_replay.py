@@ -292,17 +292,18 @@ def _gdn_replay_kernel(
             # computed from: they are the recurrence's corrected values). The
             # keys are read again (L2 hits), not kept alive from the step.
             if MODE == 0:
-                _flush(us, _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos,
-                                      fill, offs_k, mask_k, 1, USE_QK_L2NORM),
-                       cum, pos, fill, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
-                       ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin,
-                       is_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
+                fold_keys = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t,
+                                       pos, fill, offs_k, mask_k, 1, USE_QK_L2NORM)
+                last = fill
+                folded_win = is_win
             else:
-                _flush(us, _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos,
-                                      fill, offs_k, mask_k, 0, USE_QK_L2NORM),
-                       cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
-                       ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin,
-                       no_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
+                fold_keys = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t,
+                                       pos, fill, offs_k, mask_k, 0, USE_QK_L2NORM)
+                last = fill - 1
+                folded_win = no_win
+            _flush(us, fold_keys, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+                   ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin,
+                   folded_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
         # append the window: u by every V slice, g by the first V slice of each
         # v-head (k went in above, token by token)
         write = is_win & (win < n_write)

@@ -37,6 +37,7 @@ import tempfile
 if os.environ.get("TRITON_INTERPRET") == "1":
     raise SystemExit("unset TRITON_INTERPRET: the kernels must be JIT functions here")
 
+import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
@@ -46,6 +47,7 @@ from sglang_replayssm.kernels import fold as fd  # noqa: E402
 from sglang_replayssm.kernels import gdn_replay as gdn  # noqa: E402
 from sglang_replayssm.kernels import mamba2_replay as m2  # noqa: E402
 from sglang_replayssm.kernels import projection as pj  # noqa: E402
+from sglang_replayssm.kernels.cursors import MODE_FLUSH  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
@@ -299,10 +301,7 @@ def spilling_defaults() -> int:
     config for a serving batch (256) spill registers on sm_90 (printed).
     Until 2026-12-04 they took decode's 64 rows / 2 warps there: verify T=4
     spilled 1.7-2.9 KB a thread."""
-    import torch
-
-    from sglang_replayssm.kernels.cursors import MODE_FLUSH, MODE_VERIFY
-    modes = {"verify T=4": (MODE_VERIFY, 4, 32), "flush": (MODE_FLUSH, 0, L)}
+    modes = {"verify T=4": FUSED_MODES["verify T=4"], "flush": (MODE_FLUSH, 0, L)}
     bad = 0
     for state, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         for mode, (m, t, block_s) in modes.items():
