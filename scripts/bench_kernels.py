@@ -121,6 +121,13 @@ def parse():
                     help="also record each ReplaySSM row's GPU time per kernel (torch "
                          "profiler over the cycle graph): mean, flush step (max), plain steps "
                          "(min)")
+    ap.add_argument("--flush-phase", choices=["aligned", "staggered"], default="aligned",
+                    help="cursors at the start of the timed cycle: 'aligned' = every row "
+                         "empty, so all rows flush at the same step (a batch admitted at "
+                         "once); 'staggered' = row i starts at fill i %% L, so 1/L of the "
+                         "rows flush at every step (a batch admitted over time, or a pool "
+                         "that staggers first flushes). Every row still runs L-1 plain "
+                         "steps and one flush step per cycle")
     ap.add_argument("--rep-ms", type=float, default=60)
     ap.add_argument("--deadline-s", type=float, default=520)
     ap.add_argument("--out-dir", default=None, help="default: benchmarks/results "
@@ -271,6 +278,18 @@ def bytes_moved(traffic, b, L, replay):
     mean_fill = (L - 1) / 2
     return (state * (1 + 1 / L) + b * entry * (mean_fill + (L - 1) / L) + io
             + sum(flush_extra) / L)
+
+
+def set_flush_phase(pool, idx, L, phase):
+    """Cursors of the timed cycle (--flush-phase): every row empty
+    ('aligned'), or row i of the batch at fill i % L with its entries at
+    ring positions 0 .. fill-1 ('staggered'). Either state recurs after L
+    decode steps, so the warm-up cycle before capture leaves it as set."""
+    pool["origin"].zero_()
+    pool["fill"].zero_()
+    if phase == "staggered":
+        rows = torch.arange(idx.shape[0], device=idx.device, dtype=torch.int32)
+        pool["fill"][idx.long()] = rows % L
 
 
 def fmt(v, spec=".1f"):
@@ -557,7 +576,8 @@ class GDN(Family):
         "captured static buffer, then advance the per-slot pool cursor with torch.where + "
         "torch.unique + scatter). The graph here holds the L steps of one cycle, step p "
         "reading its own static write_pos tensor filled with p (the value SGLang's eager "
-        "refresh would have put there; all rows in phase, like our cursors) and an all-zero "
+        "refresh would have put there; all rows in phase, like our cursors; with "
+        "--flush-phase staggered row i holds (p + i) % L, again like ours) and an all-zero "
         "force_flush (no radix track boundary). sglang_replay_us is that kernel alone; the "
         "eager refresh+advance, reproduced op for op, is timed on its own outside any graph "
         "(sglang_replay_cursor_us, wall time incl. its host syncs, once per step for the whole "
@@ -745,8 +765,12 @@ class GDN(Family):
         nbytes = bytes_moved(self.traffic(shape, b, state.element_size(), rings), b, L, True)
         out = self.out_like(c)
         zeros = torch.zeros(b, dtype=torch.int32, device=self.dev)
-        # one static write_pos per phase of the cycle (see timing_note)
-        wps = [torch.full((b,), p, dtype=torch.int32, device=self.dev) for p in range(L)]
+        # one static write_pos per phase of the cycle (see timing_note); with
+        # --flush-phase staggered row i is at (p + i) % L, as our cursors are
+        lag = (torch.arange(b, dtype=torch.int32, device=self.dev) % L
+               if self.args.flush_phase == "staggered" else 0)
+        wps = [(p + lag) % L + torch.zeros(b, dtype=torch.int32, device=self.dev)
+               for p in range(L)]
         us_k = timer.per_step_us([self.sglang_call(state, rings, c, idx, out, wp, zeros)
                                   for wp in wps])
         static_wp = torch.zeros(b, dtype=torch.int32, device=self.dev)
@@ -1005,6 +1029,7 @@ def main():
                 pool = fam.replay_pool(shape, L, sdt_t)
                 for b in sweep_batches:
                     idx = new_idx(b)
+                    set_flush_phase(pool, idx, L, args.flush_phase)
                     c = fam.inputs(shape, b, sdt_t)
                     out = fam.out_like(c)
                     for route in routes:
@@ -1116,6 +1141,7 @@ def main():
                         except Exception as e:
                             error(f"parity {shape} b={b} L={L}: {e!r}"[:300])
                     cfg = pick_cfg(sdt, route, b, shape)
+                    set_flush_phase(pool, idx, L, args.flush_phase)
                     s, cm = fam.replay_fns(shape, state, pool, c, idx, out, L, route, cfg)
                     us_all = timer.per_step_us([lambda: (s(), cm())] * L)
                     us_commit = timer.per_step_us([cm] * L)
@@ -1137,7 +1163,7 @@ def main():
 
                 row = dict(shape=shape, batch=b, state_dtype=sdt, buffer_len=L,
                            route=fam.route_name(route, b, sdt_t),
-                           config=repr(cfg),
+                           config=repr(cfg), flush_phase=args.flush_phase,
                            us=rnd(us, 2), kernel_us=rnd(us_k, 2), commit_us=rnd(us_commit, 2),
                            commit_amortised_over_layers=nl,
                            stock_backend=best, stock_us=rnd(stock.get(best), 2),
