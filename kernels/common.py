@@ -55,19 +55,14 @@ class SplitConfig(LaunchConfig):
                   x 4 warps leave room for 3 resident per SM
     fold_rows     (C) batch rows scanned per chunk (power of 2); 0 = the whole
                   batch rounded up to a power of 2, at most 1024
-    fold_dot      (C), and (A) with project_fold. True: tl.dot fold ([rows, S]
-                  x [S, K], tf32x3 on GPU, ieee in the interpreter, as the
-                  fused kernels; (A): in fold_cols chunks re-read from L2);
-                  False: FMA outer products, one ring entry at a time
-                  (fold.fold_outer; (A): into the tile it holds from the
-                  projection, so a flush step reads the tile once and no
-                  tile takes the MMA layout; fold_cols does not apply)
-    project_fold  True: (A) folds the flushing rows' tiles itself (the tile
-                  it just read, this token from the inputs; GDN: not with a
-                  fold copy) and there is no (C) launch, so the fold_* knobs
-                  above but fold_dot do not apply; False: (A) is the plain
-                  projection and (C) folds
-    fold_cols     project_fold with fold_dot: dstate / K columns folded at a time,
+    fold_dot      (C) True: tl.dot fold ([rows, S] x [S, K], tf32x3 on GPU,
+                  ieee in the interpreter, as the fused kernels); False: FMA
+                  outer products, one ring entry at a time
+    project_fold  Mamba-2 only. True: (A) folds the flushing rows' tiles
+                  itself (the tile it just read, this token from the inputs)
+                  and there is no (C) launch, so the fold_* knobs above do not
+                  apply; False: (A) is the plain projection and (C) folds
+    fold_cols     project_fold only: dstate / K columns folded at a time,
                   re-read from L2 (power of 2, >= 16), so that the fold does
                   not size (A)'s registers; 0 = all of them in one chunk
     overlap       project_fold only, SM90+ (ignored by the interpreter): (B)

@@ -32,8 +32,7 @@ import triton.language as tl
 
 from .common import dot_precision, interpreting
 
-__all__ = ["fold_dot", "fold_outer", "gdn_recompute_values", "split_fold_kernel",
-           "launch_split_fold"]
+__all__ = ["fold_dot", "gdn_recompute_values", "split_fold_kernel", "launch_split_fold"]
 
 
 @triton.jit
@@ -44,46 +43,6 @@ def fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION: tl.constexpr):
     w = tl.where(upto, tl.exp(tl.minimum(total - cum, 0.0)) * w_in, 0.0)
     return h * tl.exp(total) + tl.dot(tl.trans(vs * w[:, None]), ks,
                                       input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def fold_outer(h, v_ring, s_v_pos, offs_r, mask_r, k_ring, s_k_pos, offs_k, mask_k, g_ring, A,
-               key, origin, count, capacity, total, BLOCK_S: tl.constexpr,
-               BLOCK_R: tl.constexpr, DT_GATED: tl.constexpr, KEYED: tl.constexpr):
-    """The fold by FMA outer products, one ring entry at a time, into a tile h
-    [R, K] (fp32) held in registers: no [S, R] / [S, K] ring tiles, no dot,
-    so the tile keeps the layout it was loaded in (a dot would want it in
-    the MMA layout, and Triton has moved such a conversion to the tile's
-    load, outside the flush branch).
-
-    Entries 0 .. count-1 (logical positions; ring index (origin + s) %
-    capacity; ``v_ring`` + r * s_v_pos + offs_r, ``k_ring`` + r * s_k_pos +
-    offs_k and ``g_ring`` + r point at entry r's row vector, key and log
-    decay or dt) are added with weight exp(total - cum_s) (x dt_s if
-    DT_GATED; log decay A dt_s, else g_s): h is expected already scaled by
-    exp(total). Unrolled over BLOCK_S >= count with masks, so that every
-    entry's loads can issue before the first FMA.
-
-    Returns (h, corr) where, with KEYED, corr [R] = sum_s w_s (k_s . key) v_s
-    (GDN: the history part of S key for this token's corrected value, from
-    the same loads); else corr is zeros."""
-    corr = tl.zeros([BLOCK_R], dtype=tl.float32)
-    run = total * 0.0
-    for s in tl.static_range(BLOCK_S):
-        live = s < count
-        r = origin + s
-        r = tl.where(r >= capacity, r - capacity, r)
-        d = tl.load(g_ring + r, mask=live, other=0.0)
-        run += d * A
-        w = tl.exp(tl.minimum(total - run, 0.0))
-        if DT_GATED:
-            w = w * d
-        v = tl.load(v_ring + r * s_v_pos + offs_r, mask=mask_r & live, other=0.0).to(tl.float32)
-        k = tl.load(k_ring + r * s_k_pos + offs_k, mask=mask_k & live, other=0.0).to(tl.float32)
-        if KEYED:
-            corr += (w * tl.sum(k * key)) * v
-        h += (v * w)[:, None] * k[None, :]
-    return h, corr
 
 
 @triton.jit
@@ -219,13 +178,23 @@ def split_fold_kernel(
             else:
                 # FMA outer products, one ring entry at a time (no [S, rows] /
                 # [S, K] tiles, no dot accumulator layout)
-                h, _ = fold_outer(h * tl.exp(total),
-                                  vbuf_ptr + slot * s_vb_slot + head * s_vb_head, s_vb_pos,
-                                  offs_r, mask_r,
-                                  kbuf_ptr + slot * s_kb_slot + group * s_kb_group, s_kb_pos,
-                                  offs_k, mask_k, gbuf_ptr + slot * s_gb_slot + head * s_gb_head,
-                                  A, total, origin, fill + 1, capacity, total, BLOCK_S, BLOCK_R,
-                                  DT_GATED, False)
+                h = h * tl.exp(total)
+                run = total * 0.0
+                s = fill * 0
+                while s <= fill:
+                    r = origin + s
+                    r = tl.where(r >= capacity, r - capacity, r)
+                    d = tl.load(gbuf_ptr + slot * s_gb_slot + head * s_gb_head + r)
+                    run += d * A
+                    ws = tl.exp(tl.minimum(total - run, 0.0))
+                    if DT_GATED:
+                        ws = ws * d
+                    vv = tl.load(vbuf_ptr + slot * s_vb_slot + head * s_vb_head + r * s_vb_pos
+                                 + offs_r, mask=mask_r, other=0.0).to(tl.float32)
+                    kv = tl.load(kbuf_ptr + slot * s_kb_slot + group * s_kb_group
+                                 + r * s_kb_pos + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+                    h += (vv * ws)[:, None] * kv[None, :]
+                    s += 1
             tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rk)
             if HAS_FOLD_COPY:
                 tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_rk)

@@ -70,7 +70,7 @@ from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      overlap_launch, ring_block, ring_cumsum, ring_positions, softplus,
                      split_config, split_step_cursors, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
-from .fold import fold_dot, fold_outer, gdn_recompute_values, launch_split_fold
+from .fold import fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
 
 __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "ROUTES",
@@ -347,8 +347,8 @@ def _gdn_split_projection_kernel(
     s_gb_slot, s_gb_head,
     s_qkv_row, s_a_row, s_b_row, s_pr_row, s_pr_j, s_pr_head,
     BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    FOLD_COLS: tl.constexpr, FOLD_DOT: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr,
+    FOLD_COLS: tl.constexpr, USE_QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    OVERLAP: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, v-head, BLOCK_R rows of V)
     projects its checkpoint tile onto the raw q_t and k_t (proj[row, 0/1]),
@@ -358,9 +358,8 @@ def _gdn_split_projection_kernel(
     This token's u_t for the tile's V rows is computed here (as (B) does,
     from h_c k_t of the tile just read and the ring; (B), launched after,
     appends its own u_t, which the flush then discards with the buffer).
-    FOLD_COLS and FOLD_DOT as in the Mamba-2 kernel: the fold takes that many
-    key columns at a time, re-read from L2; without FOLD_DOT the tile held
-    from the projection is folded by FMA outer products (fold.fold_outer)."""
+    FOLD_COLS as in the Mamba-2 kernel: the fold takes that many key
+    columns at a time, re-read from L2."""
     let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
     pid_r = tl.program_id(0)
     hv = tl.program_id(1)
@@ -394,11 +393,10 @@ def _gdn_split_projection_kernel(
         # positions [0, fill) = history in the ring, fill = this token
         _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1,
                                                            False)
-        if FOLD_DOT:
-            ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
-                         + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :], other=0.0)
-            us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
-                         + offs_r[None, :], mask=is_hist[:, None] & mask_r[None, :], other=0.0)
+        ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+                     + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :], other=0.0)
+        us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
+                     + offs_r[None, :], mask=is_hist[:, None] & mask_r[None, :], other=0.0)
         g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
                       other=0.0)
         v_t = tl.load(qkv_ptr + row64 * s_qkv_row + 2 * H * K + hv * V + offs_r, mask=mask_r,
@@ -411,47 +409,31 @@ def _gdn_split_projection_kernel(
             n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
         k_t = k_t / n_k
         proj_k = proj_k / n_k
-        if FOLD_DOT:
-            ks = ks.to(tl.float32)
-            us = us.to(tl.float32)
+        ks = ks.to(tl.float32)
+        us = us.to(tl.float32)
         cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
         total = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # cum at this token
-        if FOLD_DOT:
-            w = tl.where(is_hist, tl.exp(tl.minimum(total - cum, 0.0)), 0.0)
-            u_t = _corrected_value(v_t, beta, tl.exp(total), proj_k, us, w,
-                                   tl.sum(ks * k_t[None, :], axis=1))
-            us = tl.where(is_win[:, None], u_t[None, :], us)
-            upto = offs_s <= fill
-            ones = tl.where(upto, 1.0, 0.0)
-            tile = slot * s_ck_slot + hv * s_ck_head + offs_r[:, None] * s_ck_row
-            k_ring = kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
-            k_tok = qkv_ptr + row64 * s_qkv_row + H * K + hk * K
-            for c in tl.static_range(0, BLOCK_K, FOLD_COLS):
-                offs_c = c + tl.arange(0, FOLD_COLS)
-                mask_c = offs_c < K
-                m_rc = mask_r[:, None] & mask_c[None, :]
-                hc = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_rc, other=0.0)
-                kc = tl.load(k_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
-                             other=0.0)
-                kq = tl.load(k_tok + offs_c, mask=mask_c, other=0.0).to(tl.float32) / n_k
-                kc = tl.where(is_win[:, None], kq[None, :], kc.to(tl.float32))
-                hc = fold_dot(hc.to(tl.float32), us, kc, ones, cum, upto, total, DOT_PRECISION)
-                tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
-                         mask=m_rc)
-        else:
-            # the tile read for the projection, folded in registers: the
-            # history one ring entry at a time (the same loads give the key
-            # products of u_t's correction), then this token's u_t k_t^T
-            h, corr = fold_outer(h * tl.exp(total),
-                                 ubuf_ptr + slot * s_ub_slot + hv * s_ub_head, s_ub_pos,
-                                 offs_r, mask_r,
-                                 kbuf_ptr + slot * s_kb_slot + hk * s_kb_head, s_kb_pos,
-                                 offs_k, mask_k, gbuf_ptr + slot * s_gb_slot + hv * s_gb_head,
-                                 1.0, k_t, origin, fill, capacity, total, BLOCK_S, BLOCK_R,
-                                 False, True)
-            u_t = beta * (v_t - (tl.exp(total) * proj_k + corr))
-            h += u_t[:, None] * k_t[None, :]
-            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rk)
+        w = tl.where(is_hist, tl.exp(tl.minimum(total - cum, 0.0)), 0.0)
+        u_t = _corrected_value(v_t, beta, tl.exp(total), proj_k, us, w,
+                               tl.sum(ks * k_t[None, :], axis=1))
+        us = tl.where(is_win[:, None], u_t[None, :], us)
+        upto = offs_s <= fill
+        ones = tl.where(upto, 1.0, 0.0)
+        tile = slot * s_ck_slot + hv * s_ck_head + offs_r[:, None] * s_ck_row
+        k_ring = kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+        k_tok = qkv_ptr + row64 * s_qkv_row + H * K + hk * K
+        for c in tl.static_range(0, BLOCK_K, FOLD_COLS):
+            offs_c = c + tl.arange(0, FOLD_COLS)
+            mask_c = offs_c < K
+            m_rc = mask_r[:, None] & mask_c[None, :]
+            hc = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_rc, other=0.0)
+            kc = tl.load(k_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
+                         other=0.0)
+            kq = tl.load(k_tok + offs_c, mask=mask_c, other=0.0).to(tl.float32) / n_k
+            kc = tl.where(is_win[:, None], kq[None, :], kc.to(tl.float32))
+            hc = fold_dot(hc.to(tl.float32), us, kc, ones, cum, upto, total, DOT_PRECISION)
+            tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
+                     mask=m_rc)
 
 
 @triton.jit
@@ -776,7 +758,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             mixed_qkv.stride(0), a.stride(0), b.stride(0),
             proj.stride(0), proj.stride(1), proj.stride(2),
             BLOCK_S=BLOCK_S, BLOCK_R=cfg.block, BLOCK_K=BLOCK_K,
-            FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K), FOLD_DOT=bool(cfg.fold_dot),
+            FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K),
             USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
             num_warps=cfg.num_warps,
         )

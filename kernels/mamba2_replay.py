@@ -63,7 +63,6 @@ from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check,
                      wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_dot as _fold
-from .fold import fold_outer
 from .fold import launch_split_fold
 from .fold import split_fold_kernel as _mamba2_split_fold_kernel  # noqa: F401 (tests, regs)
 from .projection import project_state
@@ -313,9 +312,8 @@ def _mamba2_split_projection_kernel(
     s_B_row, s_B_group, s_C_row, s_C_group,
     s_pr_row, s_pr_head, s_A, s_dtb,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    FOLD_COLS: tl.constexpr, FOLD_DOT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    OVERLAP: tl.constexpr,
+    FOLD_COLS: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, head, BLOCK_P rows of headdim)
     computes proj = h_c C_q from its checkpoint tile and, on the row's flush
@@ -330,9 +328,7 @@ def _mamba2_split_projection_kernel(
     kernel's register count above the projection's). Folding the tile the
     projection holds instead (an option until 2026-12-04) made Triton convert
     a bf16 tile to the dot's layout at its load, on every step
-    (scripts/kernel_regs.py). Without FOLD_DOT (SplitConfig.fold_dot=False)
-    the held tile is folded after all, by FMA outer products (fold.fold_outer:
-    no dot, hence no MMA layout), so a flush step reads the tile once."""
+    (scripts/kernel_regs.py)."""
     let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
@@ -361,15 +357,12 @@ def _mamba2_split_projection_kernel(
         # positions [0, fill) = history in the ring, fill = this token
         _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1,
                                                            False)
-        if FOLD_DOT:
-            b_ring = bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
+        b_ring = bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
         b_tok = B_ptr + row64 * s_B_row + group * s_B_group
         dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring,
                        mask=is_hist, other=0.0)
-        if FOLD_DOT:
-            xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head
-                         + ring[:, None] * s_xb_pos + offs_p[None, :],
-                         mask=is_hist[:, None] & mask_p[None, :], other=0.0)
+        xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
+                     + offs_p[None, :], mask=is_hist[:, None] & mask_p[None, :], other=0.0)
         x_q = tl.load(x_ptr + row64 * s_x_row + head * s_x_head + offs_p, mask=mask_p, other=0.0)
         dt_q = tl.load(dt_ptr + row64 * s_dt_row + head * s_dt_head).to(tl.float32)
         A = tl.load(A_ptr + head * s_A).to(tl.float32)
@@ -378,51 +371,28 @@ def _mamba2_split_projection_kernel(
         if DT_SOFTPLUS:
             dt_q = softplus(dt_q)
         dt = tl.where(is_hist, dt_h, tl.where(is_win, dt_q, 0.0))
-        if FOLD_DOT:
-            xs = tl.where(is_win[:, None], x_q.to(tl.float32)[None, :], xs.to(tl.float32))
-            cum = tl.cumsum(dt * A, axis=0)
+        xs = tl.where(is_win[:, None], x_q.to(tl.float32)[None, :], xs.to(tl.float32))
+        cum = tl.cumsum(dt * A, axis=0)
         upto = offs_s <= fill
         total = tl.sum(tl.where(upto, dt * A, 0.0), axis=0)
-        if FOLD_DOT:
-            for c in tl.static_range(0, BLOCK_N, FOLD_COLS):
-                offs_c = c + tl.arange(0, FOLD_COLS)
-                mask_c = offs_c < dstate
-                m_pc = mask_p[:, None] & mask_c[None, :]
-                if HAS_FOLD_COPY:  # the fold copy is the precise one
-                    h = tl.load(fold_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
-                else:
-                    h = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
-                Bs = tl.load(b_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
-                             other=0.0)
-                B_q = tl.load(b_tok + offs_c, mask=mask_c, other=0.0)
-                Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
-                h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
-                tl.store(ckpt_ptr + tile + offs_c[None, :], h.to(ckpt_ptr.dtype.element_ty),
-                         mask=m_pc)
-                if HAS_FOLD_COPY:
-                    tl.store(fold_ptr + tile + offs_c[None, :], h.to(fold_ptr.dtype.element_ty),
-                             mask=m_pc)
-        else:
-            # the tile read for the projection, folded in registers: the
-            # history one ring entry at a time, then this token (weight dt_q)
+        for c in tl.static_range(0, BLOCK_N, FOLD_COLS):
+            offs_c = c + tl.arange(0, FOLD_COLS)
+            mask_c = offs_c < dstate
+            m_pc = mask_p[:, None] & mask_c[None, :]
             if HAS_FOLD_COPY:  # the fold copy is the precise one
-                h = tl.load(fold_ptr + tile + offs_n[None, :], mask=m_pn, other=0.0)
+                h = tl.load(fold_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
             else:
-                h = h_in
-            h, _ = fold_outer(h.to(tl.float32) * tl.exp(total),
-                              xbuf_ptr + slot * s_xb_slot + head * s_xb_head, s_xb_pos,
-                              offs_p, mask_p,
-                              bbuf_ptr + slot * s_bb_slot + group * s_bb_group, s_bb_pos,
-                              offs_n, mask_n, dtbuf_ptr + slot * s_db_slot + head * s_db_head,
-                              A, total, origin, fill, capacity, total, BLOCK_S, BLOCK_P,
-                              True, False)
-            B_q = tl.load(b_tok + offs_n, mask=mask_n, other=0.0).to(tl.float32)
-            h += (x_q.to(tl.float32) * dt_q)[:, None] * B_q[None, :]
-            tl.store(ckpt_ptr + tile + offs_n[None, :], h.to(ckpt_ptr.dtype.element_ty),
-                     mask=m_pn)
+                h = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
+            Bs = tl.load(b_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
+                         other=0.0)
+            B_q = tl.load(b_tok + offs_c, mask=mask_c, other=0.0)
+            Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
+            h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
+            tl.store(ckpt_ptr + tile + offs_c[None, :], h.to(ckpt_ptr.dtype.element_ty),
+                     mask=m_pc)
             if HAS_FOLD_COPY:
-                tl.store(fold_ptr + tile + offs_n[None, :], h.to(fold_ptr.dtype.element_ty),
-                         mask=m_pn)
+                tl.store(fold_ptr + tile + offs_c[None, :], h.to(fold_ptr.dtype.element_ty),
+                         mask=m_pc)
 
 
 @triton.jit
@@ -754,7 +724,7 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
             proj.stride(0), proj.stride(1), A.stride(0),
             dt_bias.stride(0) if dt_bias is not None else 0,
             BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
-            FOLD_COLS=min(cfg.fold_cols or BLOCK_N, BLOCK_N), FOLD_DOT=bool(cfg.fold_dot),
+            FOLD_COLS=min(cfg.fold_cols or BLOCK_N, BLOCK_N),
             HAS_FOLD_COPY=checkpoint_fold is not None, HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=dt_softplus, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
             num_warps=cfg.num_warps,

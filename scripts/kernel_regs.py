@@ -110,21 +110,19 @@ MAMBA2_PTRS = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "
                "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "proj_ptr": "*fp32"}
 
 
-def mamba2_projection_case(sdt, cols, block=32, dot=True):
-    """The split route's (A) with the flush folded in (project_fold): by
-    tl.dot in chunks of ``cols`` columns, or (dot=False) by FMA outer
-    products into the tile it holds."""
+def mamba2_projection_case(sdt, cols, block=32):
+    """The split route's (A) with the flush folded in (project_fold)."""
     ptr = f"*{sdt}"
     return (m2._mamba2_split_projection_kernel, dict(MAMBA2_PTRS, ckpt_ptr=ptr, fold_ptr=ptr),
-            {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "FOLD_COLS": cols, "FOLD_DOT": dot,
+            {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "FOLD_COLS": cols,
              "HAS_FOLD_COPY": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
              "DOT_PRECISION": "tf32x3", "OVERLAP": False})
 
 
-def gdn_projection_case(sdt, cols, block=32, dot=True):
+def gdn_projection_case(sdt, cols, block=32):
     ptr = f"*{sdt}"
     return (gdn._gdn_split_projection_kernel, dict(gdn_split_ptrs(sdt), ckpt_ptr=ptr),
-            {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": 128, "FOLD_COLS": cols, "FOLD_DOT": dot,
+            {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": 128, "FOLD_COLS": cols,
              "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3", "OVERLAP": False})
 
 
@@ -152,10 +150,6 @@ def mamba2():
                 for nw in (2, 4, 8):
                     report(f"(A) projection + fold {sdt} fold_cols={cols} block={block}",
                            *mamba2_projection_case(sdt, cols, block), nw)
-        for block in (16, 32, 64):  # the FMA fold of the held tile
-            for nw in (2, 4, 8):
-                report(f"(A) projection + fold {sdt} fold_dot=False block={block}",
-                       *mamba2_projection_case(sdt, N, block, dot=False), nw)
     for heads in (1, 4, 16):
         for nw in (1, 2, 4):
             for overlap in (False, True):
@@ -194,10 +188,6 @@ def gdn_split():
                 for nw in (2, 4, 8):
                     report(f"GDN (A) projection + fold {sdt} fold_cols={cols} block={block}",
                            *gdn_projection_case(sdt, cols, block), nw)
-        for block in (16, 32, 64):  # the FMA fold of the held tile
-            for nw in (2, 4, 8):
-                report(f"GDN (A) projection + fold {sdt} fold_dot=False block={block}",
-                       *gdn_projection_case(sdt, K, block, dot=False), nw)
         for heads in (1, 2):
             for nw in (1, 2, 4):
                 for overlap in (False, True):

@@ -314,9 +314,8 @@ def test_corrupted_ring_entry_is_caught(device, route, target):
 
 
 @pytest.mark.parametrize("knobs", [dict(), dict(out_heads=2, fold_dot=False),
-                                   dict(project_fold=True),
-                                   dict(project_fold=True, fold_dot=False)],
-                         ids=["dot", "pairs_fma", "project_fold", "project_fold_fma"])
+                                   dict(project_fold=True)],
+                         ids=["dot", "pairs_fma", "project_fold"])
 def test_split_matches_fused_over_two_cycles(device, knobs):
     """The split route against the fused one on the same pool and inputs: two
     full buffer cycles from staggered cursors (every row flushes twice, at
