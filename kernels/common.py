@@ -65,12 +65,20 @@ class SplitConfig(LaunchConfig):
     fold_cols     project_fold only: dstate / K columns folded at a time,
                   re-read from L2 (power of 2, >= 16), so that the fold does
                   not size (A)'s registers; 0 = all of them in one chunk
-    overlap       project_fold only, SM90+ (ignored by the interpreter): (B)
+    fold_bf16     project_fold only: where the key ring (Mamba-2: B, also
+                  this token's B; GDN: k) is bf16, (A)'s fold dot runs as
+                  bf16 MMAs on the weighted values split into 3 (fp32 state)
+                  or 2 (bf16 / fp16) bf16 parts (fold.weighted_dot), instead
+                  of tf32x3: a third to a half of its tensor-core work, exact
+                  to the state's precision; other key dtypes keep tf32x3
+    overlap       project_fold only, SM90+ (ignored below it and by the
+                  interpreter): (B)
                   is launched with programmatic dependent launch while (A)
                   runs (every (A) program lets it launch when it starts), so
                   (B)'s latency chain (slot -> cursors -> ring loads) overlaps
                   (A)'s tail; (B) waits for (A)'s completion (griddepcontrol
-                  .wait) before it reads the projections. Off until measured.
+                  .wait) before it reads the projections. On in both
+                  families' default configs (measured, see their docstrings).
     """
 
     out_heads: int = 1
@@ -83,6 +91,7 @@ class SplitConfig(LaunchConfig):
     fold_dot: bool = True
     project_fold: bool = False
     fold_cols: int = 0
+    fold_bf16: bool = True
     overlap: bool = False
 
 
@@ -122,15 +131,14 @@ def _capability_major(device_index: int) -> int:
 
 def overlap_launch(cfg: SplitConfig, device: torch.device) -> bool:
     """Whether this split launch overlaps (B) with (A) (SplitConfig.overlap):
-    on a GPU of compute capability 9.0 or later; never in the interpreter,
-    which runs launches one after the other and has no griddepcontrol."""
+    on a GPU of compute capability 9.0 or later (programmatic dependent
+    launch; on older GPUs the launches simply run in turn, as the default
+    config asks for it everywhere); never in the interpreter, which runs
+    launches one after the other and has no griddepcontrol."""
     if not cfg.overlap or interpreting():
         return False
-    major = _capability_major(device.index if device.index is not None
-                              else torch.cuda.current_device())
-    check(major >= 9, f"SplitConfig.overlap needs compute capability >= 9.0 (programmatic "
-                      f"dependent launch), this GPU has {major}.x")
-    return True
+    return _capability_major(device.index if device.index is not None
+                             else torch.cuda.current_device()) >= 9
 
 
 @triton.jit

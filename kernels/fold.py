@@ -32,17 +32,61 @@ import triton.language as tl
 
 from .common import dot_precision, interpreting
 
-__all__ = ["fold_dot", "gdn_recompute_values", "split_fold_kernel", "launch_split_fold"]
+__all__ = ["fold_dot", "weighted_dot", "fold_bf16_terms", "gdn_recompute_values",
+           "split_fold_kernel", "launch_split_fold"]
 
 
 @triton.jit
-def fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION: tl.constexpr):
+def fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION: tl.constexpr,
+             BF16_TERMS: tl.constexpr):
     """State after the positions selected by ``upto``: exp(total) h + sum_s
     exp(total - cum_s) w_in_s v_s k_s^T, where total = cum at the last one.
-    vs: [S, R]; ks: [S, K]; w_in, cum: [S]; h: [R, K]."""
+    vs: [S, R]; ks: [S, K]; w_in, cum: [S]; h: [R, K]. The sum is
+    :func:`weighted_dot` of the weighted values and the keys."""
     w = tl.where(upto, tl.exp(tl.minimum(total - cum, 0.0)) * w_in, 0.0)
-    return h * tl.exp(total) + tl.dot(tl.trans(vs * w[:, None]), ks,
-                                      input_precision=DOT_PRECISION)
+    return h * tl.exp(total) + weighted_dot(vs * w[:, None], ks, DOT_PRECISION, BF16_TERMS)
+
+
+@triton.jit
+def weighted_dot(a, ks, DOT_PRECISION: tl.constexpr, BF16_TERMS: tl.constexpr):
+    """a^T ks in fp32: a [S, R] fp32 (ring values times their fold weights),
+    ks [S, K] (ring keys).
+
+    BF16_TERMS = 0: one tl.dot at DOT_PRECISION (on the GPU tf32x3, three tf32
+    MMAs: a and ks both split into a tf32 head and tail).
+    BF16_TERMS = n > 0, only where every key is exact in bf16 (a bf16 key
+    ring): only a needs splitting. It is cut into n bf16 parts, a = a_1 + ...
+    + a_n + rest with |rest| <= 2^(-8n) |a| (each part is the bf16 rounding of
+    what is left), and each part meets the keys in a bf16 MMA accumulating in
+    fp32. n = 3 keeps a's 24 bits (an fp32 state), n = 2 keeps 16 (enough for
+    a bf16 / fp16 state, whose own rounding is 2^-9 / 2^-12). A bf16 MMA does
+    a tf32 one's work in half the time, so the fold's tensor-core work drops
+    to 1/2 (n = 3) or 1/3 (n = 2) of tf32x3's: the flush step of the split
+    route's projection is bound by it at serving batch sizes."""
+    if BF16_TERMS == 0:
+        return tl.dot(tl.trans(a), ks, input_precision=DOT_PRECISION)
+    # DOT_PRECISION "ieee" (the interpreter, common.dot_precision): the parts
+    # meet the keys as fp32 holding bf16 values, the same exact products (the
+    # interpreter's dot takes bf16 operands' bits for numbers)
+    mma = tl.float32 if DOT_PRECISION == "ieee" else tl.bfloat16
+    k16 = ks.to(tl.bfloat16).to(mma)
+    part = a.to(tl.bfloat16)
+    acc = tl.dot(tl.trans(part.to(mma)), k16, out_dtype=tl.float32)
+    rest = a - part.to(tl.float32)
+    for _ in tl.static_range(BF16_TERMS - 1):
+        part = rest.to(tl.bfloat16)
+        acc = tl.dot(tl.trans(part.to(mma)), k16, acc, out_dtype=tl.float32)
+        rest = rest - part.to(tl.float32)
+    return acc
+
+
+def fold_bf16_terms(enabled: bool, state_dtype: torch.dtype, *key_dtypes: torch.dtype) -> int:
+    """BF16_TERMS for :func:`weighted_dot` (SplitConfig.fold_bf16): 0 unless
+    enabled and every key the fold reads is stored in bf16; then 3 for an fp32
+    state (or fold copy), 2 for a bf16 / fp16 one."""
+    if not enabled or any(d != torch.bfloat16 for d in key_dtypes):
+        return 0
+    return 3 if state_dtype == torch.float32 else 2
 
 
 @triton.jit
@@ -174,7 +218,7 @@ def split_fold_kernel(
                     # GDN with a fold copy: vbuf holds the raw v; u from h (precise)
                     vs = gdn_recompute_values(h, vs, bs, ks, cum, offs_s, upto, BLOCK_S,
                                               DOT_PRECISION)
-                h = fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION)
+                h = fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION, 0)
             else:
                 # FMA outer products, one ring entry at a time (no [S, rows] /
                 # [S, K] tiles, no dot accumulator layout)

@@ -70,7 +70,7 @@ from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      overlap_launch, ring_block, ring_cumsum, ring_positions, softplus,
                      split_config, split_step_cursors, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
-from .fold import fold_dot, gdn_recompute_values, launch_split_fold
+from .fold import fold_bf16_terms, fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
 
 __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "ROUTES",
@@ -347,8 +347,8 @@ def _gdn_split_projection_kernel(
     s_gb_slot, s_gb_head,
     s_qkv_row, s_a_row, s_b_row, s_pr_row, s_pr_j, s_pr_head,
     BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    FOLD_COLS: tl.constexpr, USE_QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    OVERLAP: tl.constexpr,
+    FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, v-head, BLOCK_R rows of V)
     projects its checkpoint tile onto the raw q_t and k_t (proj[row, 0/1]),
@@ -418,7 +418,9 @@ def _gdn_split_projection_kernel(
                                tl.sum(ks * k_t[None, :], axis=1))
         us = tl.where(is_win[:, None], u_t[None, :], us)
         upto = offs_s <= fill
-        ones = tl.where(upto, 1.0, 0.0)
+        # with BF16_TERMS (fold.weighted_dot: the key ring is bf16) the dot
+        # takes the history only; this token's key is not exact in bf16
+        w_in = tl.where(is_hist if BF16_TERMS > 0 else upto, 1.0, 0.0)
         tile = slot * s_ck_slot + hv * s_ck_head + offs_r[:, None] * s_ck_row
         k_ring = kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
         k_tok = qkv_ptr + row64 * s_qkv_row + H * K + hk * K
@@ -431,7 +433,10 @@ def _gdn_split_projection_kernel(
                          other=0.0)
             kq = tl.load(k_tok + offs_c, mask=mask_c, other=0.0).to(tl.float32) / n_k
             kc = tl.where(is_win[:, None], kq[None, :], kc.to(tl.float32))
-            hc = fold_dot(hc.to(tl.float32), us, kc, ones, cum, upto, total, DOT_PRECISION)
+            hc = fold_dot(hc.to(tl.float32), us, kc, w_in, cum, upto, total, DOT_PRECISION,
+                          BF16_TERMS)
+            if BF16_TERMS > 0:  # this token's key, fp32 after its norm: not in the dot
+                hc += u_t[:, None] * kq[None, :]
             tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
                      mask=m_rc)
 
@@ -577,11 +582,13 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
         # H200, Qwen3-Next shape, b=256, L=16 (kernels_gdn_latency.md): (B)
         # at 1 warp 29.2 / 22.1 us (fp32 / bf16 state) vs 35.1 / 39.8 at 2
         # warps from batch 64 (at 8: 15.6 vs 14.9 us); (C)'s flush step at 3
-        # programs per SM 310 vs 415 us (bf16), 652 vs 569 (fp32: 2 per SM)
+        # programs per SM 310 vs 415 us (bf16), 652 vs 569 (fp32: 2 per SM).
+        # overlap: b=256 172.7 vs 179.1 us (fp32), 104.9 vs 108.7 (bf16);
+        # b=64 48.2 vs 52.6, 30.1 vs 33.0 (2026-12-06, benchmarks/NOTES.md)
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
                            out_warps=1 if batch >= 64 else 2,
                            fold_per_sm=2 if state_dtype == torch.float32 else 3,
-                           project_fold=True, fold_cols=32)
+                           project_fold=True, fold_cols=32, overlap=True)
     return cfg
 
 
@@ -759,6 +766,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             proj.stride(0), proj.stride(1), proj.stride(2),
             BLOCK_S=BLOCK_S, BLOCK_R=cfg.block, BLOCK_K=BLOCK_K,
             FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K),
+            BF16_TERMS=fold_bf16_terms(cfg.fold_bf16, checkpoint.dtype, k_buffer.dtype),
             USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
             num_warps=cfg.num_warps,
         )

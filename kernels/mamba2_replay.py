@@ -62,6 +62,7 @@ from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check,
                      ring_positions, softplus, split_config, split_step_cursors,
                      wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
+from .fold import fold_bf16_terms
 from .fold import fold_dot as _fold
 from .fold import launch_split_fold
 from .fold import split_fold_kernel as _mamba2_split_fold_kernel  # noqa: F401 (tests, regs)
@@ -111,7 +112,7 @@ def _flush(h_c, ckpt_ptr, fold_ptr, ck_off, m_pn, xs, Bs, dt, cum, upto, total,
     unused) and both are written. Returns the folded state (fp32)."""
     if HAS_FOLD_COPY:
         h_c = tl.load(fold_ptr + ck_off, mask=m_pn, other=0.0)
-    h = _fold(h_c.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
+    h = _fold(h_c.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION, 0)
     tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_pn)
     if HAS_FOLD_COPY:
         tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_pn)
@@ -312,8 +313,9 @@ def _mamba2_split_projection_kernel(
     s_B_row, s_B_group, s_C_row, s_C_group,
     s_pr_row, s_pr_head, s_A, s_dtb,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    FOLD_COLS: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr,
+    FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, HAS_FOLD_COPY: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    OVERLAP: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, head, BLOCK_P rows of headdim)
     computes proj = h_c C_q from its checkpoint tile and, on the row's flush
@@ -328,7 +330,8 @@ def _mamba2_split_projection_kernel(
     kernel's register count above the projection's). Folding the tile the
     projection holds instead (an option until 2026-12-04) made Triton convert
     a bf16 tile to the dot's layout at its load, on every step
-    (scripts/kernel_regs.py)."""
+    (scripts/kernel_regs.py). BF16_TERMS (fold.weighted_dot): the fold's
+    dot in bf16 MMAs, where the B ring and this token's B are bf16."""
     let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
@@ -387,7 +390,8 @@ def _mamba2_split_projection_kernel(
                          other=0.0)
             B_q = tl.load(b_tok + offs_c, mask=mask_c, other=0.0)
             Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
-            h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION)
+            h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION,
+                      BF16_TERMS)
             tl.store(ckpt_ptr + tile + offs_c[None, :], h.to(ckpt_ptr.dtype.element_ty),
                      mask=m_pc)
             if HAS_FOLD_COPY:
@@ -520,7 +524,9 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
     more of them resident wins); (C)'s flush step 761 us at 3 per SM vs 928
     at 2 (fp32; bf16 563 vs 731); from batch 64 two heads per (B) program
     where the group splits evenly (b=256: 329.9 vs 339.5 us whole route, fp32;
-    198.1 vs 207.2 bf16; diag_mamba2_heads in benchmarks/NOTES.md).
+    198.1 vs 207.2 bf16; diag_mamba2_heads in benchmarks/NOTES.md). (B)
+    overlaps (A) (SplitConfig.overlap; 2026-12-06, b=256: 306.3 vs 309.8 us
+    fp32, 178.5 vs 181.4 bf16; b=64 81.7 vs 84.4, 49.9 vs 52.7).
     Below batch 8 (decode there is the fused kernel, one latency-bound launch)
     the ring is read in storage order, so its loads leave with the checkpoint
     read instead of waiting for the origin cursor: batch 1, block 32, 4 warps,
@@ -541,7 +547,7 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
         two = batch >= 64 and heads_per_group % 2 == 0
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
                            out_heads=2 if two else 1, out_warps=1 if batch >= 16 else 2,
-                           fold_per_sm=3, project_fold=True, fold_cols=32)
+                           fold_per_sm=3, project_fold=True, fold_cols=32, overlap=True)
     return cfg
 
 
@@ -725,6 +731,9 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
             dt_bias.stride(0) if dt_bias is not None else 0,
             BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
             FOLD_COLS=min(cfg.fold_cols or BLOCK_N, BLOCK_N),
+            BF16_TERMS=fold_bf16_terms(cfg.fold_bf16, (checkpoint if checkpoint_fold is None
+                                                       else checkpoint_fold).dtype,
+                                       B_buffer.dtype, B.dtype),
             HAS_FOLD_COPY=checkpoint_fold is not None, HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=dt_softplus, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
             num_warps=cfg.num_warps,

@@ -110,19 +110,29 @@ MAMBA2_PTRS = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "
                "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "proj_ptr": "*fp32"}
 
 
-def mamba2_projection_case(sdt, cols, block=32):
-    """The split route's (A) with the flush folded in (project_fold)."""
+def serving_bf16_terms(sdt):
+    """(A)'s fold.weighted_dot parts at the listed shapes (bf16 key rings)."""
+    return 3 if sdt == "fp32" else 2
+
+
+def mamba2_projection_case(sdt, cols, block=32, terms=None):
+    """The split route's (A) with the flush folded in (project_fold); terms:
+    BF16_TERMS (None: as served, bf16 B ring; 0: the tf32x3 dot)."""
+    terms = serving_bf16_terms(sdt) if terms is None else terms
     ptr = f"*{sdt}"
     return (m2._mamba2_split_projection_kernel, dict(MAMBA2_PTRS, ckpt_ptr=ptr, fold_ptr=ptr),
             {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "FOLD_COLS": cols,
+             "BF16_TERMS": terms,
              "HAS_FOLD_COPY": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
              "DOT_PRECISION": "tf32x3", "OVERLAP": False})
 
 
-def gdn_projection_case(sdt, cols, block=32):
+def gdn_projection_case(sdt, cols, block=32, terms=None):
+    terms = serving_bf16_terms(sdt) if terms is None else terms
     ptr = f"*{sdt}"
     return (gdn._gdn_split_projection_kernel, dict(gdn_split_ptrs(sdt), ckpt_ptr=ptr),
             {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": 128, "FOLD_COLS": cols,
+             "BF16_TERMS": terms,
              "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3", "OVERLAP": False})
 
 
@@ -145,11 +155,12 @@ def mamba2():
                         "out_ptr": "*fp32"},
                        {"NUM_VEC": 1, "BLOCK_R": block, "BLOCK_K": N}, nw)
     for sdt, ptr in state.items():
-        for cols in (N, 32):  # fold_cols 0 launches one chunk of N
+        for cols, terms in ((N, None), (32, None), (32, 0)):  # fold_cols 0: one chunk of N
             for block in (16, 32, 64):
                 for nw in (2, 4, 8):
-                    report(f"(A) projection + fold {sdt} fold_cols={cols} block={block}",
-                           *mamba2_projection_case(sdt, cols, block), nw)
+                    t = serving_bf16_terms(sdt) if terms is None else terms
+                    report(f"(A) projection + fold {sdt} fold_cols={cols} bf16_terms={t} "
+                           f"block={block}", *mamba2_projection_case(sdt, cols, block, terms), nw)
     for heads in (1, 4, 16):
         for nw in (1, 2, 4):
             for overlap in (False, True):
@@ -183,11 +194,12 @@ def gdn_split():
                        {"state_ptr": ptr, "slot_ptr": "*i32", "vec_ptr": "*bf16",
                         "out_ptr": "*fp32"},
                        {"NUM_VEC": 2, "BLOCK_R": block, "BLOCK_K": K}, nw)
-        for cols in (K, 32):  # fold_cols 0 launches one chunk of K
+        for cols, terms in ((K, None), (32, None), (32, 0)):  # fold_cols 0: one chunk of K
             for block in (16, 32, 64):
                 for nw in (2, 4, 8):
-                    report(f"GDN (A) projection + fold {sdt} fold_cols={cols} block={block}",
-                           *gdn_projection_case(sdt, cols, block), nw)
+                    t = serving_bf16_terms(sdt) if terms is None else terms
+                    report(f"GDN (A) projection + fold {sdt} fold_cols={cols} bf16_terms={t} "
+                           f"block={block}", *gdn_projection_case(sdt, cols, block, terms), nw)
         for heads in (1, 2):
             for nw in (1, 2, 4):
                 for overlap in (False, True):

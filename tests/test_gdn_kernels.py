@@ -358,6 +358,40 @@ def test_split_matches_fused_over_two_cycles(device, knobs):
     assert int((pools[0].fill[slots] == 0).sum()) >= 1
 
 
+@pytest.mark.parametrize("state,tol", [(F32, 1e-6), (BF16, 1e-2)], ids=["fp32", "bf16"])
+def test_project_fold_bf16_mma_matches_tf32x3(device, state, tol):
+    """SplitConfig.fold_bf16 with a bf16 key ring: (A)'s fold dot as bf16 MMAs
+    on the weighted values cut into 3 (fp32 state) or 2 (bf16) bf16 parts
+    (fold.weighted_dot), this token's fp32 key added outside the dot, against
+    the tf32x3 fold on the same pool and inputs over two buffer cycles from
+    staggered cursors: checkpoints and outputs agree to the state's precision
+    at every step (fp32: 1e-6, the parts keep all 24 bits of the values), and
+    both stay on the float64 reference (Pool.decode checks every output)."""
+    L = 4
+    pools = [Pool(device, L=L, seed=5, state=state, ring=BF16) for _ in range(2)]
+    for p, on in zip(pools, (False, True)):
+        p.config, p.route = split(project_fold=True, fold_bf16=on), "split"
+    for p in pools:  # stagger: fills 2, 1, 0 before the cycles
+        for rows in ([5, -1, -1], [5, 0, -1]):
+            qkv, a, b = p.inputs(3)
+            p.decode(torch.tensor(rows, dtype=torch.int32, device=device), qkv, a, b)
+            commit(p.fill, p.origin, torch.tensor(rows, dtype=torch.int32, device=device),
+                   mode=MODE_DECODE, buffer_len=L, capacity=p.cap)
+    slots = torch.tensor([5, 0, 2], dtype=torch.int32, device=device)
+    rel = lambda x, y: float((x.float() - y.float()).abs().max() / y.float().abs().max())  # noqa: E731
+    flushed = 0
+    for step in range(2 * L):
+        inp = pools[0].inputs(3)
+        pools[1].inputs(3)  # keep the generators in step
+        outs = [p.decode(slots, *inp) for p in pools]
+        assert rel(outs[1], outs[0]) <= tol, f"step {step}: outputs"
+        assert rel(pools[1].ckpt, pools[0].ckpt) <= tol, f"step {step}: checkpoint"
+        flushed += int((pools[0].fill[slots] + 1 >= L).sum())
+        for p in pools:
+            commit(p.fill, p.origin, slots, mode=MODE_DECODE, buffer_len=L, capacity=p.cap)
+    assert flushed >= 2 * len(slots)
+
+
 @pytest.mark.parametrize("state,cols", [(F32, 16), (BF16, 32)])
 def test_project_fold_in_column_chunks(device, state, cols):
     """The projection's fold over K in chunks re-read from memory (fold_cols):

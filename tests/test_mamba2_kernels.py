@@ -415,6 +415,30 @@ def test_dual_precision_fold_copy(device, route, config):
     assert all(pool.flushes.get(s, 0) >= 3 for s in slots), pool.flushes
 
 
+@pytest.mark.parametrize("state,tol", [(F32, 1e-6), (BF16, 1e-2)], ids=["fp32", "bf16"])
+def test_project_fold_bf16_mma_matches_tf32x3(device, state, tol):
+    """SplitConfig.fold_bf16 with bf16 activations (a bf16 B ring): (A)'s fold
+    dot as bf16 MMAs on the weighted values cut into 3 (fp32 state) or 2
+    (bf16) bf16 parts (fold.weighted_dot) against the tf32x3 fold on the same
+    pool and inputs, two buffer cycles from staggered cursors: checkpoints
+    agree to the state's precision at every step (fp32: 1e-6, the parts keep
+    all 24 bits of the values), and both stay on the float64 reference
+    (Pool.step checks every output and flushed checkpoint)."""
+    L = 4
+    cfgs = [Cfg(P=24, state=state, act=BF16, route="split",
+                config=PROJECT_FOLD + (("fold_bf16", on),)) for on in (False, True)]
+    pools = [Pool(device, c, seed=6, S=6, L=L) for c in cfgs]
+    for p in pools:  # stagger: fills 2, 1, 0 before the cycles
+        p.step([5, -1, -1], MODE_DECODE)
+        p.step([5, 0, -1], MODE_DECODE)
+    slots = [5, 0, 2]
+    for step in range(2 * L):  # same seed: the same inputs in both pools
+        for p in pools:
+            p.step(slots, MODE_DECODE, what=f"step {step}")
+        assert rel_err(pools[1].checkpoint, pools[0].checkpoint) <= tol, f"step {step}"
+    assert all(pools[1].flushes.get(s, 0) >= 2 for s in slots), pools[1].flushes
+
+
 @pytest.mark.parametrize("cfg", [
     Cfg(P=24, route="split", config=PROJECT_FOLD + (("fold_cols", 16),)),
     Cfg(P=40, state=BF16, fold=True, layout="sglang", route="split",
