@@ -685,8 +685,8 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         # config first: a bad one is refused before any launch
         if config is None:
             config = default_config(V, K, checkpoint.dtype, batch, route=route)
-            if has_fold:  # the fold copy's u is recomputed in (C)
-                config = dataclasses.replace(config, project_fold=False)
+            if has_fold:  # the fold copy's u is recomputed in (C), which (B) must not overlap
+                config = dataclasses.replace(config, project_fold=False, overlap=False)
         cfg = split_config(config, HV // H)
         check(not has_fold or cfg.fold_dot,
               "SplitConfig.fold_dot=False (the FMA fold) cannot recompute the corrected values "

@@ -850,7 +850,7 @@ class GDN(Family):
         cfg = self.m.default_config(V, K, sdt_t, b, route=route)
         if route in self.m.SPLIT_ROUTES and self.args.gdn_fold_copy and sdt_t != torch.float32:
             # as the launcher's default: the fold copy's u is recomputed in (C)
-            cfg = dataclasses.replace(cfg, project_fold=False)
+            cfg = dataclasses.replace(cfg, project_fold=False, overlap=False)
         return cfg
 
     def cfg_fits(self, cfg, shape):
