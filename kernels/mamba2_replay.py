@@ -75,7 +75,10 @@ ROUTES = ("output_only", "reconstruct", "split")
 # routes of three launches (projection, outputs, fold): MODE_DECODE only
 SPLIT_ROUTES = ("split",)
 # "auto" takes the split route from this decode batch on (see default_route)
-SPLIT_MIN_BATCH = 8
+SPLIT_MIN_BATCH = 2
+# the fused kernel reads the ring in storage order below this batch (see
+# default_config)
+STORAGE_ORDER_BELOW = 8
 
 
 @triton.jit
@@ -527,13 +530,13 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
     198.1 vs 207.2 bf16; diag_mamba2_heads in benchmarks/NOTES.md). (B)
     overlaps (A) (SplitConfig.overlap; 2026-12-06, b=256: 306.3 vs 309.8 us
     fp32, 178.5 vs 181.4 bf16; b=64 81.7 vs 84.4, 49.9 vs 52.7).
-    Below batch 8 (decode there is the fused kernel, one latency-bound launch)
-    the ring is read in storage order, so its loads leave with the checkpoint
+    Below batch 8 (STORAGE_ORDER_BELOW: the fused kernel of decode at batch 1
+    and of verify, one latency-bound launch) the ring is read in storage order, so its loads leave with the checkpoint
     read instead of waiting for the origin cursor: batch 1, block 32, 4 warps,
     5.6 / 5.0 us per step (fp32 / bf16 state) vs 6.4 / 5.6 in the record before
     (kernels_mamba2_small.json; in its sweep 7.5 vs 8.1 and 7.0 vs 7.3 us
     with the commit launch). Batches 2-7 follow batch 1 unmeasured; from 8
-    (verify, and decode at large batch is split) the logical order stays.
+    the logical order stays.
     Verify and flush-only (``mode``) keep 32 rows at 4 warps at every batch:
     the decode shape of serving batches (a whole head, 2 warps) spills there
     on sm_90 (offline, scripts/kernel_regs.py: verify T=4 ~2 KB a thread,
@@ -542,7 +545,7 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
         cfg = LaunchConfig(block=min(64, max(16, triton.next_power_of_2(headdim))), num_warps=2)
     else:
         cfg = LaunchConfig(block=32 if headdim > 16 else 16, num_warps=4,
-                           storage_order=batch < SPLIT_MIN_BATCH)
+                           storage_order=batch < STORAGE_ORDER_BELOW)
     if route in SPLIT_ROUTES:
         two = batch >= 64 and heads_per_group % 2 == 0
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
@@ -559,8 +562,11 @@ def default_route(batch: int, state_dtype: torch.dtype, mode: int = MODE_DECODE)
     8, 45.9 vs 30.7 at 16, 431.1 vs 372.9 at 256; bf16 5.7 vs 8.2, 22.7 vs
     14.9, 40.9 vs 22.6, 307.0 vs 241.2. The split route's three launches cost
     a few microseconds more than one fused launch at batch 1 and win from
-    batch 8 (2-7 not measured: they keep the fused kernel). Verify and flush
-    exist only in the fused kernel."""
+    batch 8. Batches 2-7, measured since on the H100 with (B) overlapping (A)
+    (2026-12-06, benchmarks/results/kernels_mamba2_h100.md, same order): fp32
+    10.0 vs 7.2 at 2, 15.6 vs 11.9 at 4; bf16 8.8 vs 6.7, 12.7 vs 8.8; batch
+    1 there 6.0 vs 5.7 (fp32), 5.0 vs 5.0 (bf16), not moved without an H200
+    run. Verify and flush exist only in the fused kernel."""
     if mode != MODE_DECODE or batch < SPLIT_MIN_BATCH:
         return "output_only"
     return "split"

@@ -17,7 +17,7 @@ ENV_PREFIX = "SGLANG_REPLAYSSM_"
 FAMILY_ENV = ENV_PREFIX + "FAMILY"
 CHECKPOINT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 FOLD_DTYPES = (None, "float32")
-# auto: the kernels' default_route(batch) (measured on the H200: split from batch 8 in both families)
+# auto: the kernels' default_route(batch) (measured: split from batch 2 for Mamba-2, 8 for GDN)
 DECODE_ROUTES = ("auto", "output_only", "split")
 # Test knob, read by sglang_replayssm.plugin in every process, stock or not:
 # "scaled" = dummy weights at trained-model scale (sglang_replayssm.dummy_init).

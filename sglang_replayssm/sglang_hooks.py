@@ -86,7 +86,8 @@ def add_replayssm_args(parser: argparse.ArgumentParser) -> None:
         default=default.decode_route,
         help="Decode kernel: output_only = one fused launch, split = a projection "
         "launch (which also folds the buffer on a row's flush step) then an outputs "
-        "launch; auto = picked per batch size (split from batch 8).",
+        "launch; auto = picked per batch size (split from batch 2 for Mamba-2, 8 for "
+        "Gated DeltaNet).",
     )
 
 
