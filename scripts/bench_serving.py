@@ -886,7 +886,7 @@ def cmd_merge(args) -> int:
         sys.exit(f"no e2e_*.json partials in {args.partial_dir}")
     doc = merged_document(records, " ".join(["python"] + [shlex.quote(a) for a in sys.argv]))
     os.makedirs(args.out_dir, exist_ok=True)
-    base = os.path.join(args.out_dir, "e2e_decode")
+    base = os.path.join(args.out_dir, args.name)
     with open(base + ".json", "w") as f:
         json.dump(doc, f, indent=1)
     with open(base + ".md", "w") as f:
@@ -953,9 +953,13 @@ def main(argv=None) -> int:
     run.add_argument("--partial-dir", default=DEFAULT_PARTIAL_DIR)
     run.add_argument("--log-dir", default=os.environ.get("OUT") or os.path.join(REPO, "gpu-results"),
                      help="server/bench logs (default $OUT, else gpu-results/)")
-    merge = sub.add_parser("merge", help="partials -> benchmarks/results/e2e_decode.{json,md,png}")
+    merge = sub.add_parser("merge", help="partials -> benchmarks/results/e2e_decode.{json,md,png} "
+                                         "(--name)")
     merge.add_argument("--partial-dir", default=DEFAULT_PARTIAL_DIR)
     merge.add_argument("--out-dir", default=DEFAULT_RESULTS_DIR)
+    merge.add_argument("--name", default="e2e_decode",
+                       help="output base name, e.g. e2e_decode_h100 for a run on another GPU "
+                            "(keep one GPU per merged file: its ratios are same-GPU ones)")
     args = ap.parse_args(argv)
     return cmd_run(args) if args.cmd == "run" else cmd_merge(args)
 

@@ -305,6 +305,13 @@ def test_merge_writes_json_md_and_header(tmp_path):
     assert "## nemotron-h-8b" in md and "## qwen3-next-80b" in md
     assert "| 256 | 512/256 | flashinfer | 10813.0 | 13000.0 | 1.202x |" in md
     assert "prompt 1 at token 2" in md
+    # --name: another GPU's runs go to their own file, the default one untouched
+    before = (out_dir / "e2e_decode.json").read_text()
+    assert bs.main(["merge", "--partial-dir", str(partial_dir), "--out-dir", str(out_dir),
+                    "--name", "e2e_decode_h100"]) == 0
+    assert json.loads((out_dir / "e2e_decode_h100.json").read_text())["rows"] == doc["rows"]
+    assert (out_dir / "e2e_decode_h100.md").exists()
+    assert (out_dir / "e2e_decode.json").read_text() == before
 
 
 def test_merge_parity_reports_a_stock_vs_stock_noise_floor():
