@@ -59,8 +59,6 @@ checkpoint once.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -566,7 +564,7 @@ def _gdn_split_outputs_kernel(
 
 def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
                    batch: int = 256, route: str = "output_only",
-                   mode: int = MODE_DECODE) -> LaunchConfig:
+                   mode: int = MODE_DECODE, fold_copy: bool = False) -> LaunchConfig:
     """The fused kernel: the Mamba-2 kernel's measured shape (a large tile, 2
     warps at serving batch) carried over for decode, which it serves below
     batch 8 only; verify and flush-only (``mode``) keep 32 rows at 4 warps at
@@ -574,7 +572,10 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
     scripts/kernel_regs.py: verify T=4 1.7-2.9 KB a thread, flush-only
     112-336 B; 32 / 4 does not up to T=8; not timed). For the split route a
     SplitConfig whose projection (A) tile follows the decode rule (its sweep
-    on the H200 is flat) and whose (B)/(C) knobs were measured (below)."""
+    on the H200 is flat) and whose (B)/(C) knobs were measured (below). With
+    a fold copy (``fold_copy``) the split route folds in (C), which
+    recomputes the corrected values from the precise copy: no fold in (A),
+    and no overlap of (B) with it, since (C) follows (B)."""
     bv = min(64, max(16, triton.next_power_of_2(head_v_dim)))
     large = batch >= 32 and mode == MODE_DECODE
     cfg = LaunchConfig(block=bv if large else min(bv, 32), num_warps=2 if large else 4)
@@ -588,7 +589,7 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
                            out_warps=1 if batch >= 64 else 2,
                            fold_per_sm=2 if state_dtype == torch.float32 else 3,
-                           project_fold=True, fold_cols=32, overlap=True)
+                           project_fold=not fold_copy, fold_cols=32, overlap=not fold_copy)
     return cfg
 
 
@@ -684,9 +685,8 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     if route in SPLIT_ROUTES:
         # config first: a bad one is refused before any launch
         if config is None:
-            config = default_config(V, K, checkpoint.dtype, batch, route=route)
-            if has_fold:  # the fold copy's u is recomputed in (C), which (B) must not overlap
-                config = dataclasses.replace(config, project_fold=False, overlap=False)
+            config = default_config(V, K, checkpoint.dtype, batch, route=route,
+                                    fold_copy=has_fold)
         cfg = split_config(config, HV // H)
         check(not has_fold or cfg.fold_dot,
               "SplitConfig.fold_dot=False (the FMA fold) cannot recompute the corrected values "

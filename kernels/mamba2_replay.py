@@ -531,8 +531,9 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
     overlaps (A) (SplitConfig.overlap; 2026-12-06, b=256: 306.3 vs 309.8 us
     fp32, 178.5 vs 181.4 bf16; b=64 81.7 vs 84.4, 49.9 vs 52.7).
     Below batch 8 (STORAGE_ORDER_BELOW: the fused kernel of decode at batch 1
-    and of verify, one latency-bound launch) the ring is read in storage order, so its loads leave with the checkpoint
-    read instead of waiting for the origin cursor: batch 1, block 32, 4 warps,
+    and of verify, one latency-bound launch) the ring is read in storage
+    order, so its loads leave with the checkpoint read instead of waiting for
+    the origin cursor: batch 1, block 32, 4 warps,
     5.6 / 5.0 us per step (fp32 / bf16 state) vs 6.4 / 5.6 in the record before
     (kernels_mamba2_small.json; in its sweep 7.5 vs 8.1 and 7.0 vs 7.3 us
     with the commit launch). Batches 2-7 follow batch 1 unmeasured; from 8

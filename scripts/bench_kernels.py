@@ -847,11 +847,8 @@ class GDN(Family):
 
     def default_config(self, shape, sdt_t, b, route="output_only"):
         H, HV, K, V, _ = self.shapes[shape]
-        cfg = self.m.default_config(V, K, sdt_t, b, route=route)
-        if route in self.m.SPLIT_ROUTES and self.args.gdn_fold_copy and sdt_t != torch.float32:
-            # as the launcher's default: the fold copy's u is recomputed in (C)
-            cfg = dataclasses.replace(cfg, project_fold=False, overlap=False)
-        return cfg
+        return self.m.default_config(V, K, sdt_t, b, route=route,
+                                     fold_copy=self.fold_copy(sdt_t))
 
     def cfg_fits(self, cfg, shape):
         return cfg.block <= max(16, triton.next_power_of_2(self.shapes[shape][3]))

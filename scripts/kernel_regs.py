@@ -155,12 +155,13 @@ def mamba2():
                         "out_ptr": "*fp32"},
                        {"NUM_VEC": 1, "BLOCK_R": block, "BLOCK_K": N}, nw)
     for sdt, ptr in state.items():
-        for cols, terms in ((N, None), (32, None), (32, 0)):  # fold_cols 0: one chunk of N
+        served = serving_bf16_terms(sdt)
+        for cols, terms in ((N, served), (32, served), (32, 0)):  # fold_cols 0: one chunk
             for block in (16, 32, 64):
                 for nw in (2, 4, 8):
-                    t = serving_bf16_terms(sdt) if terms is None else terms
-                    report(f"(A) projection + fold {sdt} fold_cols={cols} bf16_terms={t} "
-                           f"block={block}", *mamba2_projection_case(sdt, cols, block, terms), nw)
+                    report(f"(A) projection + fold {sdt} fold_cols={cols} "
+                           f"bf16_terms={terms} block={block}",
+                           *mamba2_projection_case(sdt, cols, block, terms), nw)
     for heads in (1, 4, 16):
         for nw in (1, 2, 4):
             for overlap in (False, True):
@@ -194,12 +195,13 @@ def gdn_split():
                        {"state_ptr": ptr, "slot_ptr": "*i32", "vec_ptr": "*bf16",
                         "out_ptr": "*fp32"},
                        {"NUM_VEC": 2, "BLOCK_R": block, "BLOCK_K": K}, nw)
-        for cols, terms in ((K, None), (32, None), (32, 0)):  # fold_cols 0: one chunk of K
+        served = serving_bf16_terms(sdt)
+        for cols, terms in ((K, served), (32, served), (32, 0)):  # fold_cols 0: one chunk
             for block in (16, 32, 64):
                 for nw in (2, 4, 8):
-                    t = serving_bf16_terms(sdt) if terms is None else terms
-                    report(f"GDN (A) projection + fold {sdt} fold_cols={cols} bf16_terms={t} "
-                           f"block={block}", *gdn_projection_case(sdt, cols, block, terms), nw)
+                    report(f"GDN (A) projection + fold {sdt} fold_cols={cols} "
+                           f"bf16_terms={terms} block={block}",
+                           *gdn_projection_case(sdt, cols, block, terms), nw)
         for heads in (1, 2):
             for nw in (1, 2, 4):
                 for overlap in (False, True):

@@ -313,6 +313,18 @@ def test_corrupted_ring_entry_is_caught(device, route, target):
         decode_steps(pool, slots, 1)
 
 
+def stagger_fills(pools, device, L):
+    """Two decode steps on each pool (same inputs in pools of the same seed):
+    slots 5, 0, 2 then hold fills 2, 1, 0, so their flushes fall on
+    different steps of the cycles that follow."""
+    for p in pools:
+        for rows in ([5, -1, -1], [5, 0, -1]):
+            qkv, a, b = p.inputs(3)
+            p.decode(torch.tensor(rows, dtype=torch.int32, device=device), qkv, a, b)
+            commit(p.fill, p.origin, torch.tensor(rows, dtype=torch.int32, device=device),
+                   mode=MODE_DECODE, buffer_len=L, capacity=p.cap)
+
+
 @pytest.mark.parametrize("knobs", [dict(), dict(out_heads=2, fold_dot=False),
                                    dict(project_fold=True)],
                          ids=["dot", "pairs_fma", "project_fold"])
@@ -329,12 +341,7 @@ def test_split_matches_fused_over_two_cycles(device, knobs):
     pools = [Pool(device, L=L, seed=4), Pool(device, L=L, seed=4)]
     pools[1].config = split(**knobs)
     pools[1].route = "split"
-    for p in pools:  # stagger: fills 2, 1, 0 before the cycles
-        for rows in ([5, -1, -1], [5, 0, -1]):
-            qkv, a, b = p.inputs(3)
-            p.decode(torch.tensor(rows, dtype=torch.int32, device=device), qkv, a, b)
-            commit(p.fill, p.origin, torch.tensor(rows, dtype=torch.int32, device=device),
-                   mode=MODE_DECODE, buffer_len=L, capacity=p.cap)
+    stagger_fills(pools, device, L)
     slots = torch.tensor([5, 0, 2], dtype=torch.int32, device=device)
     # fp32 rounding of a different summation order compounding over flushes
     tol = 1e-6 if knobs.get("fold_dot", True) else 3e-6
@@ -371,12 +378,7 @@ def test_project_fold_bf16_mma_matches_tf32x3(device, state, tol):
     pools = [Pool(device, L=L, seed=5, state=state, ring=BF16) for _ in range(2)]
     for p, on in zip(pools, (False, True)):
         p.config, p.route = split(project_fold=True, fold_bf16=on), "split"
-    for p in pools:  # stagger: fills 2, 1, 0 before the cycles
-        for rows in ([5, -1, -1], [5, 0, -1]):
-            qkv, a, b = p.inputs(3)
-            p.decode(torch.tensor(rows, dtype=torch.int32, device=device), qkv, a, b)
-            commit(p.fill, p.origin, torch.tensor(rows, dtype=torch.int32, device=device),
-                   mode=MODE_DECODE, buffer_len=L, capacity=p.cap)
+    stagger_fills(pools, device, L)
     slots = torch.tensor([5, 0, 2], dtype=torch.int32, device=device)
     rel = lambda x, y: float((x.float() - y.float()).abs().max() / y.float().abs().max())  # noqa: E731
     flushed = 0
