@@ -79,6 +79,23 @@ class SplitConfig(LaunchConfig):
                   (A)'s tail; (B) waits for (A)'s completion (griddepcontrol
                   .wait) before it reads the projections. On in both
                   families' default configs (measured, see their docstrings).
+                  With outputs_in_projection the order is reversed: (A)
+                  starts while the ring weights (W) run and waits for them
+                  only before it reads them.
+    outputs_in_projection
+                  project_fold only: no outputs kernel (B). A small ring
+                  weights kernel (W), one program per (row, group), runs
+                  first: from the cursors, the key ring and this token's
+                  gates it computes every history entry's scalar weight per
+                  head (Mamba-2: exp(cum_q - cum_s) dt_s B_s . C_q; GDN: the
+                  same decays times k_s . k_t and k_s . q_t) and the token's
+                  coefficients, fp32 scratch [b, heads, width], and appends
+                  the per-group / per-head ring entries (Mamba-2 B and dt,
+                  GDN k and g). (A) then finishes each output from its
+                  tile's projection, those weights and its slice of the
+                  value ring (Mamba-2 x, GDN u), and appends that slice.
+                  (B)'s per-head programs were latency bound (a third of a
+                  bf16 step); (W) has a program per group and no value ring.
     """
 
     out_heads: int = 1
@@ -93,6 +110,7 @@ class SplitConfig(LaunchConfig):
     fold_cols: int = 0
     fold_bf16: bool = True
     overlap: bool = False
+    outputs_in_projection: bool = False
 
 
 def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
@@ -109,6 +127,9 @@ def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
           f"SplitConfig.fold_cols must be 0 or a power of 2 >= 16, got {cfg.fold_cols}")
     check(not cfg.overlap or cfg.project_fold,
           "SplitConfig.overlap needs project_fold (a (C) launch would follow (B))")
+    check(not cfg.outputs_in_projection or cfg.project_fold,
+          "SplitConfig.outputs_in_projection needs project_fold (the outputs and the fold "
+          "share (A)'s checkpoint tile)")
     return cfg
 
 

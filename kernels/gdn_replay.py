@@ -337,16 +337,17 @@ def _corrected_value(v_t, beta, decay, hk_c, us, w, kk):
 @triton.jit
 def _gdn_split_projection_kernel(
     ckpt_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
-    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, proj_ptr,
+    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, proj_ptr, weights_ptr, out_ptr, scale,
     H, HV, K, V, buffer_len, capacity,
     s_ck_slot, s_ck_head, s_ck_row,
     s_kb_slot, s_kb_head, s_kb_pos,
     s_ub_slot, s_ub_head, s_ub_pos,
     s_gb_slot, s_gb_head,
     s_qkv_row, s_a_row, s_b_row, s_pr_row, s_pr_j, s_pr_head,
+    s_w_row, s_w_head, s_o_row, s_o_head,
     BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr, OUTPUTS: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, v-head, BLOCK_R rows of V)
     projects its checkpoint tile onto the raw q_t and k_t (proj[row, 0/1]),
@@ -357,63 +358,113 @@ def _gdn_split_projection_kernel(
     from h_c k_t of the tile just read and the ring; (B), launched after,
     appends its own u_t, which the flush then discards with the buffer).
     FOLD_COLS as in the Mamba-2 kernel: the fold takes that many key
-    columns at a time, re-read from L2."""
-    let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
+    columns at a time, re-read from L2.
+
+    OUTPUTS (SplitConfig.outputs_in_projection): the ring weights kernel (W)
+    ran first; this program also finishes its V rows of the output and of
+    u_t (as (B) does, from (W)'s weights, the tile's projections and the
+    v-head's u ring slice, loaded with the tile before waiting for (W)),
+    stores o_t, appends u_t, and its flush folds that u_t; no proj scratch.
+    A padded row outputs zeros (as (B) and the stock kernel)."""
+    if not OUTPUTS:
+        let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
     pid_r = tl.program_id(0)
     hv = tl.program_id(1)
     row = tl.program_id(2)
+    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    mask_r = offs_r < V
+    row64 = row.to(tl.int64)
     slot = tl.load(slot_ptr + row).to(tl.int64)
-    if slot < 0:  # padded row: its proj entries stay unwritten
+    if slot < 0:  # padded row: its proj entries stay unwritten, its output is 0
+        if OUTPUTS:
+            tl.store(out_ptr + row64 * s_o_row + hv * s_o_head + offs_r,
+                     tl.zeros([BLOCK_R], dtype=out_ptr.dtype.element_ty), mask=mask_r)
         return
     hk = hv // (HV // H)
-    offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     offs_k = tl.arange(0, BLOCK_K)
-    mask_r = offs_r < V
+    offs_s = tl.arange(0, BLOCK_S)
     mask_k = offs_k < K
     m_rk = mask_r[:, None] & mask_k[None, :]
     ck_off = slot * s_ck_slot + hv * s_ck_head + offs_r[:, None] * s_ck_row + offs_k[None, :]
     # the tile's address depends on the slot only: issued right after it
     h_in = tl.load(ckpt_ptr + ck_off, mask=m_rk, other=0.0)
-    row64 = row.to(tl.int64)
     q_in = tl.load(qkv_ptr + row64 * s_qkv_row + hk * K + offs_k, mask=mask_k, other=0.0)
     k_in = tl.load(qkv_ptr + row64 * s_qkv_row + H * K + hk * K + offs_k, mask=mask_k,
                    other=0.0)
     fill = tl.load(fill_ptr + slot)
-    h = h_in.to(tl.float32)
-    k_t = k_in.to(tl.float32)
-    proj_k = tl.sum(h * k_t[None, :], axis=1)
-    p_off = proj_ptr + row64 * s_pr_row + hv * s_pr_head + offs_r
-    tl.store(p_off, tl.sum(h * q_in.to(tl.float32)[None, :], axis=1), mask=mask_r)
-    tl.store(p_off + s_pr_j, proj_k, mask=mask_r)
-    if fill + 1 >= buffer_len:
+    if OUTPUTS:  # the v-head's u ring slice and this token's v leave with the tile
         origin = tl.load(origin_ptr + slot)
-        offs_s = tl.arange(0, BLOCK_S)
         # positions [0, fill) = history in the ring, fill = this token
         _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1,
                                                            False)
-        ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
-                     + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :], other=0.0)
-        us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
-                     + offs_r[None, :], mask=is_hist[:, None] & mask_r[None, :], other=0.0)
-        g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
-                      other=0.0)
-        v_t = tl.load(qkv_ptr + row64 * s_qkv_row + 2 * H * K + hv * V + offs_r, mask=mask_r,
-                      other=0.0).to(tl.float32)
-        g_t, beta = _token_gates(tl.load(a_ptr + row64 * s_a_row + hv),
-                                 tl.load(b_ptr + row64 * s_b_row + hv),
-                                 tl.load(A_log_ptr + hv), tl.load(dt_bias_ptr + hv))
-        n_k = 1.0
-        if USE_QK_L2NORM:  # as (B) and the fused kernel normalise it
-            n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
-        k_t = k_t / n_k
+        us_in = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
+                        + offs_r[None, :], mask=is_hist[:, None] & mask_r[None, :], other=0.0)
+        v_in = tl.load(qkv_ptr + row64 * s_qkv_row + 2 * H * K + hv * V + offs_r, mask=mask_r,
+                       other=0.0)
+    h = h_in.to(tl.float32)
+    k_t = k_in.to(tl.float32)
+    proj_k = tl.sum(h * k_t[None, :], axis=1)
+    proj_q = tl.sum(h * q_in.to(tl.float32)[None, :], axis=1)
+    if OUTPUTS:
+        wait_for_prior_launch(OVERLAP)  # (W)'s weights are complete from here on
+        w_row = weights_ptr + row64 * s_w_row + hv * s_w_head
+        wk = tl.load(w_row + offs_s)                 # w_s k_s . k_t, 0 outside the history
+        wq = tl.load(w_row + BLOCK_S + offs_s)       # w_s k_s . q_t
+        decay = tl.load(w_row + 2 * BLOCK_S)
+        beta = tl.load(w_row + 2 * BLOCK_S + 1)
+        n_k = tl.load(w_row + 2 * BLOCK_S + 2)
+        n_q = tl.load(w_row + 2 * BLOCK_S + 3)
+        kq_t = tl.load(w_row + 2 * BLOCK_S + 4)
+        us = us_in.to(tl.float32)
         proj_k = proj_k / n_k
-        ks = ks.to(tl.float32)
-        us = us.to(tl.float32)
-        cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
-        total = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # cum at this token
-        w = tl.where(is_hist, tl.exp(tl.minimum(total - cum, 0.0)), 0.0)
-        u_t = _corrected_value(v_t, beta, tl.exp(total), proj_k, us, w,
-                               tl.sum(ks * k_t[None, :], axis=1))
+        u_t = beta * (v_in.to(tl.float32) - (decay * proj_k + tl.sum(us * wk[:, None], axis=0)))
+        o_t = decay * (proj_q / n_q * scale) + tl.sum(us * wq[:, None], axis=0) + kq_t * u_t
+        tl.store(out_ptr + row64 * s_o_row + hv * s_o_head + offs_r,
+                 o_t.to(out_ptr.dtype.element_ty), mask=mask_r)
+        ring_q = origin + fill
+        ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
+        # append, flush step included (its fold takes u_t from here)
+        tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring_q * s_ub_pos + offs_r,
+                 u_t.to(ubuf_ptr.dtype.element_ty), mask=mask_r)
+    else:
+        p_off = proj_ptr + row64 * s_pr_row + hv * s_pr_head + offs_r
+        tl.store(p_off, proj_q, mask=mask_r)
+        tl.store(p_off + s_pr_j, proj_k, mask=mask_r)
+    if fill + 1 >= buffer_len:
+        if OUTPUTS:
+            g_t = tl.load(w_row + 2 * BLOCK_S + 5)
+            g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
+                          other=0.0)
+            cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
+            total = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # cum at this token
+        else:
+            origin = tl.load(origin_ptr + slot)
+            # positions [0, fill) = history in the ring, fill = this token
+            _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity,
+                                                               1, False)
+            ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+                         + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :], other=0.0)
+            us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
+                         + offs_r[None, :], mask=is_hist[:, None] & mask_r[None, :], other=0.0)
+            g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
+                          other=0.0)
+            v_t = tl.load(qkv_ptr + row64 * s_qkv_row + 2 * H * K + hv * V + offs_r,
+                          mask=mask_r, other=0.0).to(tl.float32)
+            g_t, beta = _token_gates(tl.load(a_ptr + row64 * s_a_row + hv),
+                                     tl.load(b_ptr + row64 * s_b_row + hv),
+                                     tl.load(A_log_ptr + hv), tl.load(dt_bias_ptr + hv))
+            n_k = 1.0
+            if USE_QK_L2NORM:  # as (B) and the fused kernel normalise it
+                n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
+            k_t = k_t / n_k
+            proj_k = proj_k / n_k
+            ks = ks.to(tl.float32)
+            us = us.to(tl.float32)
+            cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
+            total = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # cum at this token
+            w = tl.where(is_hist, tl.exp(tl.minimum(total - cum, 0.0)), 0.0)
+            u_t = _corrected_value(v_t, beta, tl.exp(total), proj_k, us, w,
+                                   tl.sum(ks * k_t[None, :], axis=1))
         us = tl.where(is_win[:, None], u_t[None, :], us)
         upto = offs_s <= fill
         # with BF16_TERMS (fold.weighted_dot: the key ring is bf16) the dot
@@ -437,6 +488,92 @@ def _gdn_split_projection_kernel(
                 hc += u_t[:, None] * kq[None, :]
             tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
                      mask=m_rc)
+
+
+@triton.jit
+def _gdn_ring_weights_kernel(
+    kbuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
+    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, weights_ptr, scale,
+    H, HV, K, capacity,
+    s_kb_slot, s_kb_head, s_kb_pos,
+    s_gb_slot, s_gb_head,
+    s_qkv_row, s_a_row, s_b_row, s_w_row, s_w_head,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, OVERLAP: tl.constexpr,
+):
+    """(W) (SplitConfig.outputs_in_projection) One program per (row, k-head):
+    the scalars with which (A) finishes its v-heads' outputs, as [heads, S]
+    tiles for the k-head's HV / H v-heads. With cum as in (B) (the running
+    sum of g up to and including this token) and w_s = exp(cum_t - cum_s):
+
+        weights[row, hv, s]             = w_s (k_s . k_t)     (history s, else 0)
+        weights[row, hv, BLOCK_S + s]   = w_s (k_s . q_t)
+        weights[row, hv, 2 BLOCK_S + i] = exp(cum_t), beta_t, |k_t|, |q_t|,
+                                          k_t . q_t, g_t      (i = 0 .. 5)
+
+    (q_t, k_t normalised and q_t scaled as in (B); |x| = 1 without the L2
+    norm.) Appends this token's normalised k (per k-head) and g (per v-head)
+    at ``fill``; (A) appends u. The k ring is read once per k-head (by (B)
+    once per v-head program) and no u ring is read. With OVERLAP, (A) may
+    start as soon as every program of this launch has."""
+    let_dependents_launch(OVERLAP)
+    row = tl.program_id(0).to(tl.int64)
+    hk = tl.program_id(1)
+    hpg = HV // H
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_h = offs_h < hpg
+    mask_k = offs_k < K
+    hv = hk * hpg + offs_h
+    # row-indexed loads first, then the slot chain (as (B))
+    q_in = tl.load(qkv_ptr + row * s_qkv_row + hk * K + offs_k, mask=mask_k, other=0.0)
+    k_in = tl.load(qkv_ptr + row * s_qkv_row + H * K + hk * K + offs_k, mask=mask_k, other=0.0)
+    a_t = tl.load(a_ptr + row * s_a_row + hv, mask=mask_h, other=0.0)
+    b_t = tl.load(b_ptr + row * s_b_row + hv, mask=mask_h, other=0.0)
+    A_log = tl.load(A_log_ptr + hv, mask=mask_h, other=0.0)
+    dt_bias = tl.load(dt_bias_ptr + hv, mask=mask_h, other=0.0)
+    slot, live, is_hist, is_win, ring, ring_q = split_step_cursors(
+        slot_ptr, fill_ptr, origin_ptr, row, offs_s, capacity)
+    ks = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
+                 + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :], other=0.0)
+    g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv[:, None] * s_gb_head + ring[None, :],
+                  mask=mask_h[:, None] & is_hist[None, :], other=0.0)           # [H, S]
+    q_t = q_in.to(tl.float32)
+    k_t = k_in.to(tl.float32)
+    if USE_QK_L2NORM:
+        n_q = tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
+        n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
+        q_t = q_t / n_q
+        k_t = k_t / n_k
+    else:
+        n_q = 1.0
+        n_k = 1.0
+    q_t = q_t * scale
+    ksf = ks.to(tl.float32)
+    kk = tl.sum(ksf * k_t[None, :], axis=1)                                   # [S]
+    kq = tl.sum(ksf * q_t[None, :], axis=1)
+    kq_t = tl.sum(k_t * q_t)
+    g_t, beta = _token_gates(a_t, b_t, A_log, dt_bias)                       # [H]
+    cum = tl.cumsum(tl.where(is_hist[None, :], g_h, tl.where(is_win[None, :], g_t[:, None], 0.0)),
+                    axis=1)
+    cum_q = tl.sum(tl.where(is_win[None, :], cum, 0.0), axis=1)   # includes g_t: decay first
+    w = tl.where(is_hist[None, :], tl.exp(tl.minimum(cum_q[:, None] - cum, 0.0)), 0.0)
+    w_rows = weights_ptr + row * s_w_row + hv * s_w_head                     # [H]
+    m_h = mask_h & live
+    tl.store(w_rows[:, None] + offs_s[None, :], w * kk[None, :], mask=m_h[:, None])
+    tl.store(w_rows[:, None] + BLOCK_S + offs_s[None, :], w * kq[None, :], mask=m_h[:, None])
+    coef = w_rows + 2 * BLOCK_S
+    tl.store(coef, tl.exp(cum_q), mask=m_h)
+    tl.store(coef + 1, beta, mask=m_h)
+    tl.store(coef + 2, tl.zeros_like(beta) + n_k, mask=m_h)
+    tl.store(coef + 3, tl.zeros_like(beta) + n_q, mask=m_h)
+    tl.store(coef + 4, tl.zeros_like(beta) + kq_t, mask=m_h)
+    tl.store(coef + 5, g_t, mask=m_h)
+    # append, flush step included (the flush's fold takes them from here)
+    tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring_q, g_t, mask=m_h)
+    tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring_q * s_kb_pos + offs_k,
+             k_t.to(kbuf_ptr.dtype.element_ty), mask=mask_k & live)
 
 
 @triton.jit
@@ -589,7 +726,8 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
                            out_warps=1 if batch >= 64 else 2,
                            fold_per_sm=2 if state_dtype == torch.float32 else 3,
-                           project_fold=not fold_copy, fold_cols=32, overlap=not fold_copy)
+                           project_fold=not fold_copy, fold_cols=32, overlap=not fold_copy,
+                           outputs_in_projection=not fold_copy)
     return cfg
 
 
@@ -740,7 +878,9 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     a/b [b, HV], out [b, HV, V], cfg a checked SplitConfig. Three launches on
     the current stream, in this order: (A) reads the checkpoint before (C)
     writes it, and (B) appends the token to the ring before (C) folds it from
-    there. The cursors are only read; ``cursors.commit`` follows, unchanged."""
+    there. The cursors are only read; ``cursors.commit`` follows, unchanged.
+    With outputs_in_projection: (W), then (A) (which also computes the
+    outputs and appends u; no (B))."""
     num_slots, HV, V, K = checkpoint.shape
     batch = slot_ids.shape[0]
     hpg = HV // H
@@ -752,11 +892,31 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     # on every replay, and (B) reads only entries (A) wrote in the same step.
     BLOCK_K = max(16, triton.next_power_of_2(K))
     overlap = overlap_launch(cfg, checkpoint.device)
+    outputs = cfg.outputs_in_projection
+    if outputs:
+        # (W) the ring weights, [b, HV, 2 BLOCK_S + 6] fp32 scratch (a fixed
+        # address under CUDA graphs, as proj below); (A) finishes the outputs
+        weights = torch.empty((batch, HV, 2 * BLOCK_S + 6), dtype=torch.float32,
+                              device=checkpoint.device)
+        _gdn_ring_weights_kernel[(batch, H)](
+            k_buffer, g_buffer, fill, origin, slot_ids,
+            mixed_qkv, a, b, A_log, dt_bias, weights, float(scale),
+            H, HV, K, u_buffer.shape[2],
+            k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
+            g_buffer.stride(0), g_buffer.stride(1),
+            mixed_qkv.stride(0), a.stride(0), b.stride(0), weights.stride(0), weights.stride(1),
+            BLOCK_S=BLOCK_S, BLOCK_H=triton.next_power_of_2(hpg), BLOCK_K=BLOCK_K,
+            USE_QK_L2NORM=use_qk_l2norm, OVERLAP=overlap, num_warps=cfg.out_warps,
+        )
     if cfg.project_fold:  # (A) folds the flushing rows too: no (C)
-        proj = torch.empty((batch, 2, HV, V), dtype=torch.float32, device=checkpoint.device)
+        if outputs:  # no proj scratch: the pointer stands in, unused
+            proj = weights
+        else:  # and without (W) the weights pointer
+            proj = weights = torch.empty((batch, 2, HV, V), dtype=torch.float32,
+                                         device=checkpoint.device)
         _gdn_split_projection_kernel[(triton.cdiv(V, cfg.block), HV, batch)](
             checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
-            mixed_qkv, a, b, A_log, dt_bias, proj,
+            mixed_qkv, a, b, A_log, dt_bias, proj, weights, out, float(scale),
             H, HV, K, V, buffer_len, u_buffer.shape[2],
             checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
             k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
@@ -764,12 +924,16 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             g_buffer.stride(0), g_buffer.stride(1),
             mixed_qkv.stride(0), a.stride(0), b.stride(0),
             proj.stride(0), proj.stride(1), proj.stride(2),
+            weights.stride(0), weights.stride(1), out.stride(0), out.stride(1),
             BLOCK_S=BLOCK_S, BLOCK_R=cfg.block, BLOCK_K=BLOCK_K,
             FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K),
             BF16_TERMS=fold_bf16_terms(cfg.fold_bf16, checkpoint.dtype, k_buffer.dtype),
             USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
-            num_warps=cfg.num_warps,
+            OUTPUTS=outputs, num_warps=cfg.num_warps,
+            **({"launch_pdl": True} if overlap and outputs else {}),
         )
+        if outputs:
+            return
     else:
         qk = mixed_qkv[:, :2 * H * K].unflatten(-1, (2, H, K))
         proj = project_state(checkpoint, slot_ids, qk, heads_per_group=hpg,

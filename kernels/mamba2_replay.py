@@ -307,6 +307,7 @@ def _mamba2_replay_kernel(
 def _mamba2_split_projection_kernel(
     ckpt_ptr, fold_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
     x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, dt_bias_ptr, proj_ptr,
+    weights_ptr, z_ptr, D_ptr, out_ptr,
     heads_per_group, headdim, dstate, buffer_len, capacity,
     s_ck_slot, s_ck_head, s_ck_p,
     s_xb_slot, s_xb_head, s_xb_pos,
@@ -315,10 +316,11 @@ def _mamba2_split_projection_kernel(
     s_x_row, s_x_head, s_dt_row, s_dt_head,
     s_B_row, s_B_group, s_C_row, s_C_group,
     s_pr_row, s_pr_head, s_A, s_dtb,
+    s_w_row, s_w_head, s_z_row, s_z_head, s_o_row, s_o_head, s_D,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, HAS_FOLD_COPY: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    OVERLAP: tl.constexpr,
+    OVERLAP: tl.constexpr, OUTPUTS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, head, BLOCK_P rows of headdim)
     computes proj = h_c C_q from its checkpoint tile and, on the row's flush
@@ -334,17 +336,26 @@ def _mamba2_split_projection_kernel(
     projection holds instead (an option until 2026-12-04) made Triton convert
     a bf16 tile to the dot's layout at its load, on every step
     (scripts/kernel_regs.py). BF16_TERMS (fold.weighted_dot): the fold's
-    dot in bf16 MMAs, where the B ring and this token's B are bf16."""
-    let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
+    dot in bf16 MMAs, where the B ring and this token's B are bf16.
+
+    OUTPUTS (SplitConfig.outputs_in_projection): the ring weights kernel (W)
+    ran first; this program also finishes the output of its headdim slice,
+    y = exp(cum_q) proj + sum_s w_s x_s + dt_q (B_q . C_q) x_q (+ D x_q, z
+    gate), from (W)'s weights and the head's x ring slice (loaded with the
+    tile, before waiting for (W)), and appends x_q to the ring; no proj
+    scratch. A padded row's out is left as it was (as (B) leaves it)."""
+    if not OUTPUTS:
+        let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
     pid_p = tl.program_id(0)
     head = tl.program_id(1)
     row = tl.program_id(2)
     slot = tl.load(slot_ptr + row).to(tl.int64)
-    if slot < 0:  # padded row: its proj entries stay unwritten
+    if slot < 0:  # padded row: its proj / out entries stay unwritten
         return
     group = head // heads_per_group
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
+    offs_s = tl.arange(0, BLOCK_S)
     mask_p = offs_p < headdim
     mask_n = offs_n < dstate
     m_pn = mask_p[:, None] & mask_n[None, :]
@@ -355,21 +366,58 @@ def _mamba2_split_projection_kernel(
     C_q = tl.load(C_ptr + row64 * s_C_row + group * s_C_group + offs_n, mask=mask_n,
                   other=0.0).to(tl.float32)
     fill = tl.load(fill_ptr + slot)
-    proj = tl.sum(h_in.to(tl.float32) * C_q[None, :], axis=1)
-    tl.store(proj_ptr + row64 * s_pr_row + head * s_pr_head + offs_p, proj, mask=mask_p)
-    if fill + 1 >= buffer_len:
+    if OUTPUTS:  # the head's x ring slice and this token's x leave with the tile
         origin = tl.load(origin_ptr + slot)
-        offs_s = tl.arange(0, BLOCK_S)
         # positions [0, fill) = history in the ring, fill = this token
         _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1,
                                                            False)
+        xs_in = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
+                        + offs_p[None, :], mask=is_hist[:, None] & mask_p[None, :], other=0.0)
+        x_in = tl.load(x_ptr + row64 * s_x_row + head * s_x_head + offs_p, mask=mask_p,
+                       other=0.0)
+        d = 0.0
+        zq = 0.0
+        if HAS_D:
+            d = tl.load(D_ptr + head * s_D)
+        if HAS_Z:
+            zq = tl.load(z_ptr + row64 * s_z_row + head * s_z_head + offs_p, mask=mask_p,
+                         other=0.0)
+    proj = tl.sum(h_in.to(tl.float32) * C_q[None, :], axis=1)
+    if OUTPUTS:
+        wait_for_prior_launch(OVERLAP)  # (W)'s weights are complete from here on
+        w_row = weights_ptr + row64 * s_w_row + head * s_w_head
+        w = tl.load(w_row + offs_s)         # 0 outside the history
+        e_q = tl.load(w_row + BLOCK_S)      # exp(cum_q)
+        c_q = tl.load(w_row + BLOCK_S + 1)  # dt_q B_q . C_q
+        x_f = x_in.to(tl.float32)
+        y = e_q * proj + tl.sum(xs_in.to(tl.float32) * w[:, None], axis=0) + c_q * x_f
+        y = _skip_gate(y, x_f, d, zq, HAS_D, HAS_Z)
+        tl.store(out_ptr + row64 * s_o_row + head * s_o_head + offs_p,
+                 y.to(out_ptr.dtype.element_ty), mask=mask_p)
+        ring_q = origin + fill
+        ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
+        # append, flush step included (its fold takes x_q from the inputs)
+        tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring_q * s_xb_pos + offs_p,
+                 x_in.to(xbuf_ptr.dtype.element_ty), mask=mask_p)
+    else:
+        tl.store(proj_ptr + row64 * s_pr_row + head * s_pr_head + offs_p, proj, mask=mask_p)
+    if fill + 1 >= buffer_len:
+        if OUTPUTS:
+            xs = xs_in
+            x_q = x_in
+        else:
+            origin = tl.load(origin_ptr + slot)
+            _, is_hist, is_win, win, ring, _ = ring_positions(offs_s, fill, origin, capacity,
+                                                               1, False)
+            xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head
+                         + ring[:, None] * s_xb_pos + offs_p[None, :],
+                         mask=is_hist[:, None] & mask_p[None, :], other=0.0)
+            x_q = tl.load(x_ptr + row64 * s_x_row + head * s_x_head + offs_p, mask=mask_p,
+                          other=0.0)
         b_ring = bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
         b_tok = B_ptr + row64 * s_B_row + group * s_B_group
         dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring,
                        mask=is_hist, other=0.0)
-        xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
-                     + offs_p[None, :], mask=is_hist[:, None] & mask_p[None, :], other=0.0)
-        x_q = tl.load(x_ptr + row64 * s_x_row + head * s_x_head + offs_p, mask=mask_p, other=0.0)
         dt_q = tl.load(dt_ptr + row64 * s_dt_row + head * s_dt_head).to(tl.float32)
         A = tl.load(A_ptr + head * s_A).to(tl.float32)
         if HAS_DT_BIAS:
@@ -400,6 +448,79 @@ def _mamba2_split_projection_kernel(
             if HAS_FOLD_COPY:
                 tl.store(fold_ptr + tile + offs_c[None, :], h.to(fold_ptr.dtype.element_ty),
                          mask=m_pc)
+
+
+@triton.jit
+def _mamba2_ring_weights_kernel(
+    bbuf_ptr, dtbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
+    dt_ptr, B_ptr, C_ptr, A_ptr, dt_bias_ptr, weights_ptr,
+    heads_per_group, dstate, capacity,
+    s_bb_slot, s_bb_group, s_bb_pos,
+    s_db_slot, s_db_head,
+    s_dt_row, s_dt_head, s_B_row, s_B_group, s_C_row, s_C_group,
+    s_A, s_dtb, s_w_row, s_w_head,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, OVERLAP: tl.constexpr,
+):
+    """(W) (SplitConfig.outputs_in_projection) One program per (row, group):
+    the scalar weights with which (A) finishes each head's output,
+
+        weights[row, head, s]           = exp(cum_q - cum_s) dt_s (B_s . C_q)   (history s)
+        weights[row, head, BLOCK_S]     = exp(cum_q)
+        weights[row, head, BLOCK_S + 1] = dt_q (B_q . C_q)
+
+    (cum includes dt_q A: the decay comes first), 0 at positions past the
+    history, for the group's heads as one [heads, S] tile: B_s . C_q once per
+    group, the dt ring of all its heads in one load. Then appends this
+    token's B (per group) and dt (per head) at ``fill``; (A) appends x. Latency
+    bound like (B), with an eighth of its programs (Nemotron-H: 8 groups of 16
+    heads, so b x 8 programs) and no x ring. With OVERLAP, (A) may start
+    as soon as every program of this launch has."""
+    let_dependents_launch(OVERLAP)
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_h = offs_h < heads_per_group
+    mask_n = offs_n < dstate
+    head = group * heads_per_group + offs_h
+    # row-indexed loads first, then the slot chain (as (B))
+    C_in = tl.load(C_ptr + row * s_C_row + group * s_C_group + offs_n, mask=mask_n, other=0.0)
+    B_w = tl.load(B_ptr + row * s_B_row + group * s_B_group + offs_n, mask=mask_n, other=0.0)
+    dt_in = tl.load(dt_ptr + row * s_dt_row + head * s_dt_head, mask=mask_h, other=0.0)
+    A = tl.load(A_ptr + head * s_A, mask=mask_h, other=0.0)
+    dtb = 0.0
+    if HAS_DT_BIAS:
+        dtb = tl.load(dt_bias_ptr + head * s_dtb, mask=mask_h, other=0.0)
+    slot, live, is_hist, is_win, ring, ring_q = split_step_cursors(
+        slot_ptr, fill_ptr, origin_ptr, row, offs_s, capacity)
+    Bs = tl.load(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring[:, None] * s_bb_pos
+                 + offs_n[None, :], mask=is_hist[:, None] & mask_n[None, :], other=0.0)
+    dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head[:, None] * s_db_head + ring[None, :],
+                   mask=mask_h[:, None] & is_hist[None, :], other=0.0)          # [H, S]
+    C_q = C_in.to(tl.float32)
+    cb = tl.sum(Bs.to(tl.float32) * C_q[None, :], axis=1)                     # [S]
+    cb_q = tl.sum(B_w.to(tl.float32) * C_q, axis=0)
+    dt_q = dt_in.to(tl.float32)
+    if HAS_DT_BIAS:
+        dt_q += dtb.to(tl.float32)
+    if DT_SOFTPLUS:
+        dt_q = softplus(dt_q)
+    dt = tl.where(is_hist[None, :], dt_h, tl.where(is_win[None, :], dt_q[:, None], 0.0))
+    cum = tl.cumsum(dt * A.to(tl.float32)[:, None], axis=1)
+    cum_q = tl.sum(tl.where(is_win[None, :], cum, 0.0), axis=1)                 # [H]
+    w = tl.where(is_hist[None, :], tl.exp(tl.minimum(cum_q[:, None] - cum, 0.0)) * dt_h,
+                 0.0) * cb[None, :]
+    w_rows = weights_ptr + row * s_w_row + head * s_w_head                      # [H]
+    m_h = mask_h & live
+    tl.store(w_rows[:, None] + offs_s[None, :], w, mask=m_h[:, None])
+    tl.store(w_rows + BLOCK_S, tl.exp(cum_q), mask=m_h)
+    tl.store(w_rows + BLOCK_S + 1, dt_q * cb_q, mask=m_h)
+    # append, flush step included (the flush's fold takes them from the inputs)
+    tl.store(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring_q, dt_q, mask=m_h)
+    tl.store(bbuf_ptr + slot * s_bb_slot + group * s_bb_group + ring_q * s_bb_pos + offs_n,
+             B_w.to(bbuf_ptr.dtype.element_ty), mask=mask_n & live)
 
 
 @triton.jit
@@ -551,7 +672,8 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
         two = batch >= 64 and heads_per_group % 2 == 0
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
                            out_heads=2 if two else 1, out_warps=1 if batch >= 16 else 2,
-                           fold_per_sm=3, project_fold=True, fold_cols=32, overlap=True)
+                           fold_per_sm=3, project_fold=True, fold_cols=32, overlap=True,
+                           outputs_in_projection=True)
     return cfg
 
 
@@ -704,7 +826,8 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     reads; (B) reads only the projection and the ring history, which (A)
     does not write), (B), and without project_fold (C): (A) reads the
     checkpoint before (C) writes it, and (B) appends the token to the ring
-    before (C) folds it from there."""
+    before (C) folds it from there. With outputs_in_projection: (W), then (A)
+    (which also computes the outputs and appends x; no (B))."""
     num_slots, H, P, N = checkpoint.shape
     G = B_buffer.shape[1]
     cap = x_buffer.shape[2]
@@ -718,15 +841,39 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     dummy = dt_buffer
     overlap = overlap_launch(cfg, x.device)
 
+    zs = z if z is not None else x
+    outputs = cfg.outputs_in_projection
+    if outputs:
+        # (W) the ring weights, [b, H, BLOCK_S + 2] fp32 scratch (a fixed
+        # address under CUDA graphs, as proj below); (A) finishes the outputs
+        weights = torch.empty((batch, H, BLOCK_S + 2), dtype=torch.float32, device=x.device)
+        _mamba2_ring_weights_kernel[(batch, G)](
+            B_buffer, dt_buffer, fill, origin, slot_ids,
+            dt, B, C, A, dt_bias if dt_bias is not None else dummy, weights,
+            hpg, N, cap,
+            B_buffer.stride(0), B_buffer.stride(1), B_buffer.stride(2),
+            dt_buffer.stride(0), dt_buffer.stride(1),
+            dt.stride(0), dt.stride(1), B.stride(0), B.stride(1), C.stride(0), C.stride(1),
+            A.stride(0), dt_bias.stride(0) if dt_bias is not None else 0,
+            weights.stride(0), weights.stride(1),
+            BLOCK_S=BLOCK_S, BLOCK_H=triton.next_power_of_2(hpg), BLOCK_N=BLOCK_N,
+            HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus, OVERLAP=overlap,
+            num_warps=cfg.out_warps,
+        )
+
     # (A) proj[row, head, :] = h_c C_q, fp32 scratch. torch.empty is fine
     # under CUDA graphs: the graph's private pool gives the same buffer on
     # every replay, and (B) reads only entries (A) wrote in the same step.
     if cfg.project_fold:  # (A) folds the flushing rows too: no (C)
-        proj = torch.empty((batch, H, P), dtype=torch.float32, device=x.device)
+        if outputs:  # no proj scratch: the pointer stands in, unused
+            proj = weights
+        else:  # and without (W) the weights pointer
+            proj = weights = torch.empty((batch, H, P), dtype=torch.float32, device=x.device)
         _mamba2_split_projection_kernel[(triton.cdiv(P, cfg.block), H, batch)](
             checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
             x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
             x, dt, B, C, A, dt_bias if dt_bias is not None else dummy, proj,
+            weights, zs, D if D is not None else dummy, out,
             hpg, P, N, buffer_len, cap,
             checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
             x_buffer.stride(0), x_buffer.stride(1), x_buffer.stride(2),
@@ -736,6 +883,8 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
             B.stride(0), B.stride(1), C.stride(0), C.stride(1),
             proj.stride(0), proj.stride(1), A.stride(0),
             dt_bias.stride(0) if dt_bias is not None else 0,
+            weights.stride(0), weights.stride(1), zs.stride(0), zs.stride(1),
+            out.stride(0), out.stride(1), D.stride(0) if D is not None else 0,
             BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
             FOLD_COLS=min(cfg.fold_cols or BLOCK_N, BLOCK_N),
             BF16_TERMS=fold_bf16_terms(cfg.fold_bf16, (checkpoint if checkpoint_fold is None
@@ -743,14 +892,16 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
                                        B_buffer.dtype, B.dtype),
             HAS_FOLD_COPY=checkpoint_fold is not None, HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=dt_softplus, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
-            num_warps=cfg.num_warps,
+            OUTPUTS=outputs, HAS_D=D is not None, HAS_Z=z is not None,
+            num_warps=cfg.num_warps, **({"launch_pdl": True} if overlap and outputs else {}),
         )
+        if outputs:
+            return
     else:
         proj = project_state(checkpoint, slot_ids, C, heads_per_group=hpg,
                              config=LaunchConfig(cfg.block, cfg.num_warps))
 
     # (B) outputs + append (every live row, flush step included)
-    zs = z if z is not None else x
     _mamba2_split_outputs_kernel[(batch, H // cfg.out_heads)](
         proj, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
         x, dt, B, C, zs, A, D if D is not None else dummy,

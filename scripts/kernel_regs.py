@@ -107,7 +107,8 @@ def unconditional_mma_tiles(ttgir: str) -> list[str]:
 MAMBA2_PTRS = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "fill_ptr": "*i32",
                "origin_ptr": "*i32", "slot_ptr": "*i32", "x_ptr": "*bf16", "dt_ptr": "*bf16",
                "B_ptr": "*bf16", "C_ptr": "*bf16", "z_ptr": "*bf16", "A_ptr": "*fp32",
-               "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "proj_ptr": "*fp32"}
+               "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "proj_ptr": "*fp32",
+               "weights_ptr": "*fp32"}
 
 
 def serving_bf16_terms(sdt):
@@ -115,25 +116,28 @@ def serving_bf16_terms(sdt):
     return 3 if sdt == "fp32" else 2
 
 
-def mamba2_projection_case(sdt, cols, block=32, terms=None):
+def mamba2_projection_case(sdt, cols, block=32, terms=None, outputs=False):
     """The split route's (A) with the flush folded in (project_fold); terms:
-    BF16_TERMS (None: as served, bf16 B ring; 0: the tf32x3 dot)."""
+    BF16_TERMS (None: as served, bf16 B ring; 0: the tf32x3 dot); outputs:
+    SplitConfig.outputs_in_projection (D, no z, as Nemotron-H decodes)."""
     terms = serving_bf16_terms(sdt) if terms is None else terms
     ptr = f"*{sdt}"
     return (m2._mamba2_split_projection_kernel, dict(MAMBA2_PTRS, ckpt_ptr=ptr, fold_ptr=ptr),
             {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "FOLD_COLS": cols,
              "BF16_TERMS": terms,
              "HAS_FOLD_COPY": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
-             "DOT_PRECISION": "tf32x3", "OVERLAP": False})
+             "DOT_PRECISION": "tf32x3", "OVERLAP": False, "OUTPUTS": outputs,
+             "HAS_D": True, "HAS_Z": False})
 
 
-def gdn_projection_case(sdt, cols, block=32, terms=None):
+def gdn_projection_case(sdt, cols, block=32, terms=None, outputs=False):
     terms = serving_bf16_terms(sdt) if terms is None else terms
     ptr = f"*{sdt}"
     return (gdn._gdn_split_projection_kernel, dict(gdn_split_ptrs(sdt), ckpt_ptr=ptr),
             {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": 128, "FOLD_COLS": cols,
              "BF16_TERMS": terms,
-             "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3", "OVERLAP": False})
+             "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3", "OVERLAP": False,
+             "OUTPUTS": outputs})
 
 
 def gdn_split_ptrs(sdt):
@@ -142,7 +146,7 @@ def gdn_split_ptrs(sdt):
     return {"kbuf_ptr": "*bf16", "ubuf_ptr": ptr, "gbuf_ptr": "*fp32", "fill_ptr": "*i32",
             "origin_ptr": "*i32", "slot_ptr": "*i32", "proj_ptr": "*fp32",
             "qkv_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
-            "dt_bias_ptr": "*bf16", "out_ptr": "*bf16"}
+            "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "weights_ptr": "*fp32"}
 
 
 def mamba2():
@@ -162,6 +166,14 @@ def mamba2():
                     report(f"(A) projection + fold {sdt} fold_cols={cols} "
                            f"bf16_terms={terms} block={block}",
                            *mamba2_projection_case(sdt, cols, block, terms), nw)
+    for sdt in state:  # outputs_in_projection: (A) at the serving tiles, and (W)
+        for block, nw in ((64, 2), (64, 4), (32, 4)):
+            report(f"(A) projection + fold + outputs {sdt} block={block}",
+                   *mamba2_projection_case(sdt, 32, block, outputs=True), nw)
+    for nw in (1, 2, 4):
+        report("(W) ring weights, 16 heads", m2._mamba2_ring_weights_kernel, MAMBA2_PTRS,
+               {"BLOCK_S": L, "BLOCK_H": 16, "BLOCK_N": N, "HAS_DT_BIAS": True,
+                "DT_SOFTPLUS": True, "OVERLAP": True}, nw)
     for heads in (1, 4, 16):
         for nw in (1, 2, 4):
             for overlap in (False, True):
@@ -202,6 +214,13 @@ def gdn_split():
                     report(f"GDN (A) projection + fold {sdt} fold_cols={cols} "
                            f"bf16_terms={terms} block={block}",
                            *gdn_projection_case(sdt, cols, block, terms), nw)
+        for block, nw in ((64, 2), (64, 4), (32, 4)):
+            report(f"GDN (A) projection + fold + outputs {sdt} block={block}",
+                   *gdn_projection_case(sdt, 32, block, outputs=True), nw)
+        for nw in (1, 2, 4):
+            report(f"GDN (W) ring weights {sdt}", gdn._gdn_ring_weights_kernel, ring,
+                   {"BLOCK_S": L, "BLOCK_H": 2, "BLOCK_K": K, "USE_QK_L2NORM": True,
+                    "OVERLAP": True}, nw)
         for heads in (1, 2):
             for nw in (1, 2, 4):
                 for overlap in (False, True):
@@ -301,8 +320,12 @@ def check() -> int:
             cases[f"GDN fused {mode} {state}"] = gdn_fused_case(state, mode)
             cases[f"Mamba-2 fused {mode} {state}"] = mamba2_fused_case(state, mode)
         for cols in (32, 128):
-            cases[f"GDN (A) fold_cols={cols} {state}"] = gdn_projection_case(state, cols)
-            cases[f"Mamba-2 (A) fold_cols={cols} {state}"] = mamba2_projection_case(state, cols)
+            for outputs in (False, True):
+                tag = " + outputs" if outputs else ""
+                cases[f"GDN (A){tag} fold_cols={cols} {state}"] = gdn_projection_case(
+                    state, cols, outputs=outputs)
+                cases[f"Mamba-2 (A){tag} fold_cols={cols} {state}"] = mamba2_projection_case(
+                    state, cols, outputs=outputs)
         for name, (fn, ptrs, consts) in cases.items():
             tiles = unconditional_mma_tiles(compile_sm90(fn, ptrs, consts, 4).asm["ttgir"])
             print(f"{name:<36} {'tiles to MMA layout on every step: ' + ' '.join(tiles) if tiles else 'ok'}")

@@ -346,16 +346,22 @@ SPLIT_KNOBS = [
     (("out_heads", 2), ("fold_programs", 1)),
 ]
 assert len(SPLIT_KNOBS) == len(FUSED_DECODE_CASES) - 2
-SPLIT_DECODE_CASES = [replace(c, route="split", config=c.config + k)
+# the fold in its own launch (C) after (B): not the default, so said explicitly
+FOLD_LAUNCH = (("project_fold", False), ("overlap", False), ("outputs_in_projection", False))
+SPLIT_DECODE_CASES = [replace(c, route="split", config=c.config + FOLD_LAUNCH + k)
                       for c, k in zip(FUSED_DECODE_CASES, SPLIT_KNOBS)]
 # ... and with the fold inside the projection (A) (no (C)), on the fused
 # cases' projection tiles (block 16: several headdim slices per head) and
 # outputs knobs
-PROJECT_FOLD = (("project_fold", True),)
+PROJECT_FOLD = (("project_fold", True), ("outputs_in_projection", False))
 PROJECT_FOLD_CASES = [replace(c, route="split", config=c.config + PROJECT_FOLD
                               + tuple(kv for kv in k if kv[0].startswith("out_")))
                       for c, k in zip(FUSED_DECODE_CASES, SPLIT_KNOBS)]
-DECODE_CASES = FUSED_DECODE_CASES + SPLIT_DECODE_CASES + PROJECT_FOLD_CASES
+# ... and with the outputs finished in (A) after the ring weights (W), on
+# every other of those pools (all dtypes, z / D on and off, both layouts)
+OUTPUTS = (("outputs_in_projection", True),)
+OUTPUTS_CASES = [replace(c, config=c.config + OUTPUTS) for c in PROJECT_FOLD_CASES[::2]]
+DECODE_CASES = FUSED_DECODE_CASES + SPLIT_DECODE_CASES + PROJECT_FOLD_CASES + OUTPUTS_CASES
 
 
 @pytest.mark.parametrize("cfg", DECODE_CASES, ids=lambda c: c.id)
@@ -399,8 +405,10 @@ def test_decode_staggered_sparse_padded(device, route):
 @pytest.mark.parametrize("route,config", [("output_only", ()), ("reconstruct", (NW2,)),
                                           ("output_only", (SO,)),
                                           ("split", ()),
-                                          ("split", (("fold_dot", False), ("out_heads", 2))),
-                                          ("split", PROJECT_FOLD)])
+                                          ("split", FOLD_LAUNCH + (("fold_dot", False),
+                                                                   ("out_heads", 2))),
+                                          ("split", PROJECT_FOLD),
+                                          ("split", PROJECT_FOLD + OUTPUTS)])
 def test_dual_precision_fold_copy(device, route, config):
     """bf16 read copy + fp32 fold copy: at each flush the fold copy is the fp32
     reference state (no bf16 drift across flushes), the read copy is it rounded."""
@@ -457,8 +465,10 @@ def test_project_fold_in_column_chunks(device, cfg):
     assert all(pool.flushes.get(s, 0) >= 2 for s in (2, 5)), pool.flushes
 
 
-@pytest.mark.parametrize("knobs", [(("fold_dot", True),), (("fold_dot", False),), PROJECT_FOLD],
-                         ids=["dot", "fma", "project_fold"])
+@pytest.mark.parametrize("knobs", [FOLD_LAUNCH + (("fold_dot", True),),
+                                   FOLD_LAUNCH + (("fold_dot", False),), PROJECT_FOLD,
+                                   PROJECT_FOLD + OUTPUTS],
+                         ids=["dot", "fma", "project_fold", "outputs_in_projection"])
 def test_split_matches_fused_over_a_cycle(device, knobs):
     """The split route against the fused one on the same pool and inputs: two
     full buffer cycles from staggered cursors (every row flushes twice, at
@@ -926,6 +936,9 @@ def test_auto_route_follows_the_measured_crossover():
     Cfg(P=24, route="split", config=PROJECT_FOLD + (("overlap", True),)),
     Cfg(P=24, state=BF16, act=BF16, layout="sglang", route="split",
         config=PROJECT_FOLD + (("overlap", True), ("out_heads", 2), ("fold_cols", 16))),
+    Cfg(P=24, route="split", config=PROJECT_FOLD + OUTPUTS + (("overlap", True),)),
+    Cfg(P=24, state=BF16, act=BF16, layout="sglang", route="split",
+        config=PROJECT_FOLD + OUTPUTS + (("overlap", True), ("fold_cols", 16))),
 ], ids=lambda c: c.id)
 def test_split_route_overlapped(cfg):
     """SplitConfig.overlap: (B) starts before (A) has finished and waits for
