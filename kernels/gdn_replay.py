@@ -722,12 +722,15 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
         # warps from batch 64 (at 8: 15.6 vs 14.9 us); (C)'s flush step at 3
         # programs per SM 310 vs 415 us (bf16), 652 vs 569 (fp32: 2 per SM).
         # overlap: b=256 172.7 vs 179.1 us (fp32), 104.9 vs 108.7 (bf16);
-        # b=64 48.2 vs 52.6, 30.1 vs 33.0 (2026-12-06, benchmarks/NOTES.md)
+        # b=64 48.2 vs 52.6, 30.1 vs 33.0 (2026-12-06, benchmarks/NOTES.md).
+        # outputs_in_projection stays off: H100, b=256, 242.4 vs 232.6 us
+        # (fp32), 128.1 vs 126.5 (bf16); b=64 66.7 vs 62.9, 37.7 vs 34.7
+        # (results/diag/2026-12-06-h100/v2_gdn.md): (A)'s plain steps are
+        # ~10 us slower while it waits for (W), more than (B) cost
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
                            out_warps=1 if batch >= 64 else 2,
                            fold_per_sm=2 if state_dtype == torch.float32 else 3,
-                           project_fold=not fold_copy, fold_cols=32, overlap=not fold_copy,
-                           outputs_in_projection=not fold_copy)
+                           project_fold=not fold_copy, fold_cols=32, overlap=not fold_copy)
     return cfg
 
 

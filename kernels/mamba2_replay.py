@@ -650,7 +650,12 @@ def default_config(headdim: int, dstate: int, state_dtype: torch.dtype,
     where the group splits evenly (b=256: 329.9 vs 339.5 us whole route, fp32;
     198.1 vs 207.2 bf16; diag_mamba2_heads in benchmarks/NOTES.md). (B)
     overlaps (A) (SplitConfig.overlap; 2026-12-06, b=256: 306.3 vs 309.8 us
-    fp32, 178.5 vs 181.4 bf16; b=64 81.7 vs 84.4, 49.9 vs 52.7).
+    fp32, 178.5 vs 181.4 bf16; b=64 81.7 vs 84.4, 49.9 vs 52.7). The
+    outputs are finished in (A) after the ring weights (W) instead of in (B)
+    (SplitConfig.outputs_in_projection; H100, 2026-12-06, results/diag/
+    2026-12-06-h100/v2_m2.md, b=256: 408.7 vs 417.1 us fp32, 221.0 vs 230.5
+    bf16; b=64 107.7 vs 108.8, 61.3 vs 62.2; b=1-32 within 2% either way
+    for fp32, bf16 up to 14% faster at b=2).
     Below batch 8 (STORAGE_ORDER_BELOW: the fused kernel of decode at batch 1
     and of verify, one latency-bound launch) the ring is read in storage
     order, so its loads leave with the checkpoint read instead of waiting for
