@@ -55,7 +55,10 @@ With ``SplitConfig.project_fold`` (the default without a fold copy) (A) is
 ``_gdn_split_projection_kernel``: the same projections, and on a row's flush
 step the fold of the tile it just read (u_t for its V rows computed there
 from h_c k_t and the ring), so there is no (C) and a flush step reads the
-checkpoint once.
+checkpoint once. With ``SplitConfig.outputs_in_projection`` as well (not
+the default: measured slower for GDN, see ``default_config``) there is no
+(B) either: ``_gdn_ring_weights_kernel`` (W) runs first, one program per
+(row, k-head), and (A) finishes o_t and u_t from its weights.
 """
 from __future__ import annotations
 

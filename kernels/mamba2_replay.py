@@ -44,6 +44,13 @@ on the cursor -> ring chain and the outputs' programs carry no state tile:
   GDN): persistent; folds the fill + 1 ring entries of the rows whose flush
   rule fires, all others cost a cursor scan.
 
+With ``SplitConfig.outputs_in_projection`` (the default) there is no (B):
+``_mamba2_ring_weights_kernel`` (W) runs first, one program per (row,
+group), and writes each head's history weights exp(cum_q - cum_s) dt_s
+(B_s . C_q), exp(cum_q) and dt_q (B_q . C_q) (fp32 scratch [b, H, S + 2])
+and appends B and dt; (A) then finishes y for its headdim slice from its
+projection, those weights and the head's x ring slice, and appends x.
+
 The checkpoint and the ring end each step exactly as with the fused kernel
 (up to fp32 rounding), except that a decode flush leaves its token in a ring
 entry past the (then empty) buffer; ``cursors.commit`` is unchanged.
