@@ -40,8 +40,9 @@ class SplitConfig(LaunchConfig):
     out_heads     (B) heads per program, consecutive in one group (divides the
                   heads per group): 1 = grid (batch, heads); heads per group =
                   grid (batch, groups), the key products (Mamba-2 B_s . C, GDN
-                  k_s . k_t and k_s . q_t) computed once per group
-    out_warps     (B) warps per program
+                  k_s . k_t and k_s . q_t) computed once per group. Unused
+                  with outputs_in_projection ((W) takes a whole group)
+    out_warps     (B) warps per program, or (W)'s with outputs_in_projection
     fold_block    (C) state rows per work item (power of 2); 0 = whole head
     fold_warps    (C) warps per program. Default 32 rows / 4 warps: on the
                   H200 (b=256, L=16, benchmarks/NOTES.md) its flush step took
