@@ -194,6 +194,14 @@ def ring_block(buffer_len: int, window: int, capacity: int, storage_order: bool 
 
 
 @triton.jit
+def ring_index(origin, pos, capacity):
+    """The ring entry of logical position ``pos`` (0 <= pos < capacity, scalar
+    or vector): (origin + pos) % capacity, without the division."""
+    ring = origin + pos
+    return tl.where(ring >= capacity, ring - capacity, ring)
+
+
+@triton.jit
 def ring_positions(offs_s, fill, origin, capacity, T: tl.constexpr, STORAGE_ORDER: tl.constexpr):
     """The ring entries a step sees, ``offs_s`` = 0 .. BLOCK_S-1, in one of two orders.
 
@@ -219,8 +227,7 @@ def ring_positions(offs_s, fill, origin, capacity, T: tl.constexpr, STORAGE_ORDE
         pos = tl.where(ring_ok, pos, 2 * capacity + T)
     else:
         pos = offs_s
-        ring = origin + offs_s
-        ring = tl.where(ring >= capacity, ring - capacity, ring)
+        ring = ring_index(origin, offs_s, capacity)
     is_hist = pos < fill
     win = pos - fill
     is_win = (win >= 0) & (win < T)
@@ -249,9 +256,7 @@ def split_step_cursors(slot_ptr, fill_ptr, origin_ptr, row, offs_s, capacity):
     origin = tl.load(origin_ptr + slot, mask=live, other=0)
     # positions [0, fill) = history in the ring, fill = this token
     _, is_hist, is_win, _, ring, _ = ring_positions(offs_s, fill, origin, capacity, 1, False)
-    ring_q = origin + fill
-    ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
-    return slot, live, is_hist, is_win, ring, ring_q
+    return slot, live, is_hist, is_win, ring, ring_index(origin, fill, capacity)
 
 
 @triton.jit

@@ -68,8 +68,8 @@ import triton.language as tl
 
 from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
                      check_live_cursors, check_pool, dot_precision, let_dependents_launch,
-                     overlap_launch, ring_block, ring_cumsum, ring_positions, softplus,
-                     split_config, split_step_cursors, wait_for_prior_launch)
+                     overlap_launch, ring_block, ring_cumsum, ring_index, ring_positions,
+                     softplus, split_config, split_step_cursors, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_bf16_terms, fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
@@ -139,6 +139,24 @@ def _head_vector(ptr, mask_k, USE_QK_L2NORM: tl.constexpr):
     if USE_QK_L2NORM:
         x = x / tl.sqrt(tl.sum(x * x) + 1e-6)
     return x
+
+
+@triton.jit
+def _token_qk(q_in, k_in, scale, USE_QK_L2NORM: tl.constexpr):
+    """This token's loaded q and k heads [K]: fp32, L2-normalised as the
+    stock kernel (and _head_vector) does, q times ``scale``. Returns (q_t,
+    k_t, |q|, |k|), the norms 1 without USE_QK_L2NORM."""
+    q_t = q_in.to(tl.float32)
+    k_t = k_in.to(tl.float32)
+    if USE_QK_L2NORM:
+        n_q = tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
+        n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
+        q_t = q_t / n_q
+        k_t = k_t / n_k
+    else:
+        n_q = 1.0
+        n_k = 1.0
+    return q_t * scale, k_t, n_q, n_k
 
 
 @triton.jit
@@ -424,8 +442,7 @@ def _gdn_split_projection_kernel(
         o_t = decay * (proj_q / n_q * scale) + tl.sum(us * wq[:, None], axis=0) + kq_t * u_t
         tl.store(out_ptr + row64 * s_o_row + hv * s_o_head + offs_r,
                  o_t.to(out_ptr.dtype.element_ty), mask=mask_r)
-        ring_q = origin + fill
-        ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
+        ring_q = ring_index(origin, fill, capacity)
         # append, flush step included (its fold takes u_t from here)
         tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring_q * s_ub_pos + offs_r,
                  u_t.to(ubuf_ptr.dtype.element_ty), mask=mask_r)
@@ -542,17 +559,7 @@ def _gdn_ring_weights_kernel(
                  + offs_k[None, :], mask=is_hist[:, None] & mask_k[None, :], other=0.0)
     g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv[:, None] * s_gb_head + ring[None, :],
                   mask=mask_h[:, None] & is_hist[None, :], other=0.0)           # [H, S]
-    q_t = q_in.to(tl.float32)
-    k_t = k_in.to(tl.float32)
-    if USE_QK_L2NORM:
-        n_q = tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
-        n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
-        q_t = q_t / n_q
-        k_t = k_t / n_k
-    else:
-        n_q = 1.0
-        n_k = 1.0
-    q_t = q_t * scale
+    q_t, k_t, n_q, n_k = _token_qk(q_in, k_in, scale, USE_QK_L2NORM)
     ksf = ks.to(tl.float32)
     kk = tl.sum(ksf * k_t[None, :], axis=1)                                   # [S]
     kq = tl.sum(ksf * q_t[None, :], axis=1)
@@ -657,18 +664,8 @@ def _gdn_split_outputs_kernel(
             # this token's q, k normalised exactly as the fused kernel does (so
             # that the k ring holds the same values on both routes), and the
             # key products shared by the program's v-heads
-            q_t = q_in.to(tl.float32)
-            k_t = k_in.to(tl.float32)
             ks = ks_in.to(tl.float32)                                        # [S, K]
-            if USE_QK_L2NORM:
-                n_q = tl.sqrt(tl.sum(q_t * q_t) + 1e-6)
-                n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
-                q_t = q_t / n_q
-                k_t = k_t / n_k
-            else:
-                n_q = 1.0
-                n_k = 1.0
-            q_t = q_t * scale
+            q_t, k_t, n_q, n_k = _token_qk(q_in, k_in, scale, USE_QK_L2NORM)
             kk = tl.sum(ks * k_t[None, :], axis=1)                          # k_s . k_t
             kq = tl.sum(ks * q_t[None, :], axis=1)                          # k_s . q_t
             kq_t = tl.sum(k_t * q_t)

@@ -66,7 +66,7 @@ import triton.language as tl
 from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      check_fold_copy, check_live_cursors, check_pool, dot_precision,
                      let_dependents_launch, overlap_launch, ring_block, ring_cumsum,
-                     ring_positions, softplus, split_config, split_step_cursors,
+                     ring_index, ring_positions, softplus, split_config, split_step_cursors,
                      wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_bf16_terms
@@ -100,15 +100,23 @@ def _skip_gate(y, x_q, d, zq, HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
 
 
 @triton.jit
-def _finish_output(y, x_q, D_ptr, head, s_D, z_ptrs, out_ptrs, mask_p,
-                   HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
-    """The fused routes' epilogue: load D and z, _skip_gate, store."""
+def _skip_gate_inputs(D_ptr, head, s_D, z_ptrs, mask_p, HAS_D: tl.constexpr,
+                      HAS_Z: tl.constexpr):
+    """_skip_gate's D (scalar) and z (as loaded), 0 where absent."""
     d = 0.0
     zq = 0.0
     if HAS_D:
         d = tl.load(D_ptr + head * s_D)
     if HAS_Z:
         zq = tl.load(z_ptrs, mask=mask_p, other=0.0)
+    return d, zq
+
+
+@triton.jit
+def _finish_output(y, x_q, D_ptr, head, s_D, z_ptrs, out_ptrs, mask_p,
+                   HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """The fused routes' epilogue: load D and z, _skip_gate, store."""
+    d, zq = _skip_gate_inputs(D_ptr, head, s_D, z_ptrs, mask_p, HAS_D, HAS_Z)
     y = _skip_gate(y, x_q, d, zq, HAS_D, HAS_Z)
     tl.store(out_ptrs, y.to(out_ptrs.dtype.element_ty), mask=mask_p)
 
@@ -382,13 +390,9 @@ def _mamba2_split_projection_kernel(
                         + offs_p[None, :], mask=is_hist[:, None] & mask_p[None, :], other=0.0)
         x_in = tl.load(x_ptr + row64 * s_x_row + head * s_x_head + offs_p, mask=mask_p,
                        other=0.0)
-        d = 0.0
-        zq = 0.0
-        if HAS_D:
-            d = tl.load(D_ptr + head * s_D)
-        if HAS_Z:
-            zq = tl.load(z_ptr + row64 * s_z_row + head * s_z_head + offs_p, mask=mask_p,
-                         other=0.0)
+        d, zq = _skip_gate_inputs(D_ptr, head, s_D,
+                                  z_ptr + row64 * s_z_row + head * s_z_head + offs_p, mask_p,
+                                  HAS_D, HAS_Z)
     proj = tl.sum(h_in.to(tl.float32) * C_q[None, :], axis=1)
     if OUTPUTS:
         wait_for_prior_launch(OVERLAP)  # (W)'s weights are complete from here on
@@ -401,8 +405,7 @@ def _mamba2_split_projection_kernel(
         y = _skip_gate(y, x_f, d, zq, HAS_D, HAS_Z)
         tl.store(out_ptr + row64 * s_o_row + head * s_o_head + offs_p,
                  y.to(out_ptr.dtype.element_ty), mask=mask_p)
-        ring_q = origin + fill
-        ring_q = tl.where(ring_q >= capacity, ring_q - capacity, ring_q)
+        ring_q = ring_index(origin, fill, capacity)
         # append, flush step included (its fold takes x_q from the inputs)
         tl.store(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring_q * s_xb_pos + offs_p,
                  x_in.to(xbuf_ptr.dtype.element_ty), mask=mask_p)
@@ -592,13 +595,8 @@ def _mamba2_split_outputs_kernel(
         if not OVERLAP:
             proj = tl.load(proj_ptr + row * s_pr_row + head * s_pr_head + offs_p,
                            mask=mask_p, other=0.0)
-        d = 0.0
-        zq = 0.0
-        if HAS_D:
-            d = tl.load(D_ptr + head * s_D)
-        if HAS_Z:
-            zq = tl.load(z_ptr + row * s_z_row + head * s_z_head + offs_p, mask=mask_p,
-                         other=0.0)
+        d, zq = _skip_gate_inputs(D_ptr, head, s_D, z_ptr + row * s_z_row + head * s_z_head
+                                  + offs_p, mask_p, HAS_D, HAS_Z)
         dt_h = tl.load(dtbuf_ptr + slot * s_db_slot + head * s_db_head + ring,
                        mask=is_hist, other=0.0)
         xs = tl.load(xbuf_ptr + slot * s_xb_slot + head * s_xb_head + ring[:, None] * s_xb_pos
