@@ -97,12 +97,6 @@ class SplitConfig(LaunchConfig):
                   value ring (Mamba-2 x, GDN u), and appends that slice.
                   (B)'s per-head programs were latency bound (a third of a
                   bf16 step); (W) has a program per group and no value ring.
-    ready_counts  GDN, overlap and (B) only: each (A) program counts itself
-                  done for its (row, head) once its projections are stored
-                  (ready_counts() below), and each (B) program waits for its
-                  own heads' counts instead of for the whole of (A), so the
-                  rows (A) finished early are output while its last wave
-                  runs; (B)'s grid is then row-major, like (A)'s.
     """
 
     out_heads: int = 1
@@ -118,7 +112,6 @@ class SplitConfig(LaunchConfig):
     fold_bf16: bool = True
     overlap: bool = False
     outputs_in_projection: bool = False
-    ready_counts: bool = False
 
 
 def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
@@ -138,9 +131,6 @@ def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
     check(not cfg.outputs_in_projection or cfg.project_fold,
           "SplitConfig.outputs_in_projection needs project_fold (the outputs and the fold "
           "share (A)'s checkpoint tile)")
-    check(not cfg.ready_counts or (cfg.overlap and not cfg.outputs_in_projection),
-          "SplitConfig.ready_counts needs overlap and the outputs kernel (B) "
-          "(outputs_in_projection=False): it replaces (B)'s wait for the whole of (A)")
     return cfg
 
 
@@ -185,68 +175,6 @@ def wait_for_prior_launch(OVERLAP: tl.constexpr):
     """(B): from here on, everything (A) wrote is complete and visible."""
     if OVERLAP:
         gdc_wait()
-
-
-# (B)'s wait on a ready count: tries before it falls back to waiting for the
-# whole of (A). A safety net only (a count that never reaches its producers
-# would be a bug): on the GPU a program waits a few us, an atomic round trip
-# a try; the interpreter runs (A) to completion first, so one try suffices.
-READY_SPINS_GPU = 1 << 16
-READY_SPINS_INTERPRETER = 2
-
-_ready_count_buffers: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def ready_counts(device: torch.device, numel: int) -> torch.Tensor:
-    """SplitConfig.ready_counts: per (row, head) of a split launch, the number
-    of projection (A) programs whose stores are done, int32, at least
-    ``numel`` entries. Zero between launches: (B) resets every count it
-    waited on. One buffer per device, persistent (the zeros are an invariant,
-    not re-written per launch), grown by doubling; an outgrown one is kept,
-    since a captured CUDA graph holds its address. Launches that use it run
-    one at a time, in stream order, as a model's layers do."""
-    device = torch.device(device)
-    held = _ready_count_buffers.setdefault(device, [])
-    if not held or held[-1].numel() < numel:
-        size = max(numel, 2 * held[-1].numel() if held else 1024)
-        held.append(torch.zeros(triton.next_power_of_2(size), dtype=torch.int32,
-                                device=device))
-    return held[-1]
-
-
-def ready_spins() -> int:
-    return READY_SPINS_INTERPRETER if interpreting() else READY_SPINS_GPU
-
-
-@triton.jit
-def signal_ready(count_ptr, READY: tl.constexpr):
-    """(A), SplitConfig.ready_counts: count this program done for its (row,
-    head). The barrier puts every thread's stores before the one thread's
-    release, so a (B) program that acquires the count sees all of them."""
-    if READY:
-        tl.debug_barrier()
-        tl.atomic_add(count_ptr, 1, sem="release")
-
-
-@triton.jit
-def wait_ready(count_ptr, producers, SPINS: tl.constexpr, READY: tl.constexpr,
-               OVERLAP: tl.constexpr):
-    """(B): from here on, the projections this program reads are complete.
-    With READY, wait until the count reaches ``producers`` (the (A) programs
-    of its (row, head)) and reset it to 0 in the same compare-and-swap
-    (acquire); after SPINS tries, wait for the whole of (A) and reset it
-    then, so that a miscount costs time, never a wrong read, and heals.
-    Without READY, wait for the whole of (A) (SplitConfig.overlap)."""
-    if READY:
-        tries = 0
-        while (tl.atomic_cas(count_ptr, producers, 0, sem="acquire") != producers) \
-                & (tries < SPINS):
-            tries += 1
-        if tries >= SPINS:
-            wait_for_prior_launch(OVERLAP)
-            tl.atomic_xchg(count_ptr, 0, sem="acq_rel")
-    else:
-        wait_for_prior_launch(OVERLAP)
 
 
 @triton.jit

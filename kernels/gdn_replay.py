@@ -68,9 +68,8 @@ import triton.language as tl
 
 from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
                      check_live_cursors, check_pool, dot_precision, let_dependents_launch,
-                     overlap_launch, ready_counts, ready_spins, ring_block, ring_cumsum,
-                     ring_index, ring_positions, signal_ready, softplus, split_config,
-                     split_step_cursors, wait_for_prior_launch, wait_ready)
+                     overlap_launch, ring_block, ring_cumsum, ring_index, ring_positions,
+                     softplus, split_config, split_step_cursors, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_bf16_terms, fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
@@ -359,8 +358,8 @@ def _corrected_value(v_t, beta, decay, hk_c, us, w, kk):
 @triton.jit
 def _gdn_split_projection_kernel(
     ckpt_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
-    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, proj_ptr, weights_ptr, out_ptr, ready_ptr,
-    scale, H, HV, K, V, buffer_len, capacity,
+    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, proj_ptr, weights_ptr, out_ptr, scale,
+    H, HV, K, V, buffer_len, capacity,
     s_ck_slot, s_ck_head, s_ck_row,
     s_kb_slot, s_kb_head, s_kb_pos,
     s_ub_slot, s_ub_head, s_ub_pos,
@@ -370,7 +369,6 @@ def _gdn_split_projection_kernel(
     BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr, OUTPUTS: tl.constexpr,
-    READY: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, v-head, BLOCK_R rows of V)
     projects its checkpoint tile onto the raw q_t and k_t (proj[row, 0/1]),
@@ -388,12 +386,7 @@ def _gdn_split_projection_kernel(
     u_t (as (B) does, from (W)'s weights, the tile's projections and the
     v-head's u ring slice, loaded with the tile before waiting for (W)),
     stores o_t, appends u_t, and its flush folds that u_t; no proj scratch.
-    A padded row outputs zeros (as (B) and the stock kernel).
-
-    READY (SplitConfig.ready_counts): once its projections are stored, the
-    program counts itself done for its (row, v-head) (ready_ptr [b, HV]),
-    before a flush step's fold: (B) reads none of what the fold touches (the
-    checkpoint tile and the history entries; (B) appends at ``fill``)."""
+    A padded row outputs zeros (as (B) and the stock kernel)."""
     if not OUTPUTS:
         let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
     pid_r = tl.program_id(0)
@@ -457,7 +450,6 @@ def _gdn_split_projection_kernel(
         p_off = proj_ptr + row64 * s_pr_row + hv * s_pr_head + offs_r
         tl.store(p_off, proj_q, mask=mask_r)
         tl.store(p_off + s_pr_j, proj_k, mask=mask_r)
-        signal_ready(ready_ptr + row64 * HV + hv, READY)
     if fill + 1 >= buffer_len:
         if OUTPUTS:
             g_t = tl.load(w_row + 2 * BLOCK_S + 5)
@@ -597,8 +589,8 @@ def _gdn_ring_weights_kernel(
 @triton.jit
 def _gdn_split_outputs_kernel(
     proj_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr, fill_ptr, origin_ptr,
-    slot_ptr, qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, ready_ptr, scale,
-    H, HV, K, V, capacity, producers,
+    slot_ptr, qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
+    H, HV, K, V, capacity,
     s_pr_row, s_pr_j, s_pr_head,
     s_kb_slot, s_kb_head, s_kb_pos,
     s_ub_slot, s_ub_head, s_ub_pos,
@@ -607,7 +599,6 @@ def _gdn_split_outputs_kernel(
     s_qkv_row, s_a_row, s_b_row, s_o_row, s_o_head,
     HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, OVERLAP: tl.constexpr,
-    READY: tl.constexpr, SPINS: tl.constexpr,
 ):
     """(B) One program per (row, HEADS consecutive v-heads of one k-head): the
     decode output from the projection (A) and the ring, then the token's
@@ -626,18 +617,10 @@ def _gdn_split_outputs_kernel(
                 + (k_t . q_t) u_t
 
     With OVERLAP (SplitConfig.overlap) this runs while (A) finishes: the
-    projections are read last, after waiting for (A). With READY
-    (SplitConfig.ready_counts) the wait is for the ``producers`` (A)
-    programs of each of its (row, v-head)s only, and the grid is row-major,
-    (heads / HEADS, batch) as (A)'s: the first programs are the rows (A)
-    finished first.
+    projections are read last, after waiting for (A).
     """
-    if READY:
-        row = tl.program_id(1).to(tl.int64)
-        hv0 = tl.program_id(0) * HEADS
-    else:
-        row = tl.program_id(0).to(tl.int64)
-        hv0 = tl.program_id(1) * HEADS
+    row = tl.program_id(0).to(tl.int64)
+    hv0 = tl.program_id(1) * HEADS
     hpg = HV // H
     hk = hv0 // hpg
     offs_v = tl.arange(0, BLOCK_V)
@@ -664,7 +647,7 @@ def _gdn_split_outputs_kernel(
         dt_bias = tl.load(dt_bias_ptr + hv)
         b_t = tl.load(b_ptr + row * s_b_row + hv)
         p_off = proj_ptr + row * s_pr_row + hv * s_pr_head + offs_v
-        if not (OVERLAP or READY):
+        if not OVERLAP:
             proj_q = tl.load(p_off, mask=mask_v, other=0.0)                  # h_c q_t (raw)
             proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0)         # h_c k_t (raw)
         v_in = tl.load(qkv_ptr + row * s_qkv_row + 2 * H * K + hv * V + offs_v,
@@ -673,12 +656,8 @@ def _gdn_split_outputs_kernel(
                       other=0.0)
         us_in = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
                         + offs_v[None, :], mask=is_hist[:, None] & mask_v[None, :], other=0.0)
-        if OVERLAP or READY:
-            if READY:  # a padded row's (A) stored nothing and counts nothing
-                if live:
-                    wait_ready(ready_ptr + row * HV + hv, producers, SPINS, READY, OVERLAP)
-            else:
-                wait_for_prior_launch(OVERLAP)
+        if OVERLAP:
+            wait_for_prior_launch(OVERLAP)
             proj_q = tl.load(p_off, mask=mask_v, other=0.0)
             proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0)
         if j == 0:
@@ -714,10 +693,6 @@ def _gdn_split_outputs_kernel(
     if hv0 % hpg == 0:  # the k-head's first program appends k (flush step included)
         tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring_q * s_kb_pos + offs_k,
                  k_t.to(kbuf_ptr.dtype.element_ty), mask=mask_k & live)
-    if READY:
-        # the counts ordered every read of (A)'s stores; the PTX ISA still asks
-        # a dependent grid to wait for its prerequisite before it completes
-        wait_for_prior_launch(OVERLAP)
 
 
 # --------------------------------------------------------------------------
@@ -921,11 +896,6 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     BLOCK_K = max(16, triton.next_power_of_2(K))
     overlap = overlap_launch(cfg, checkpoint.device)
     outputs = cfg.outputs_in_projection
-    # SplitConfig.ready_counts: on wherever asked, the interpreter included
-    # (there (A) completes before (B) starts, and the counts are still kept)
-    ready = cfg.ready_counts
-    counts = ready_counts(checkpoint.device, batch * HV) if ready else out
-    producers = triton.cdiv(V, cfg.block)
     if outputs:
         # (W) the ring weights, [b, HV, 2 BLOCK_S + 6] fp32 scratch (a fixed
         # address under CUDA graphs, as proj below); (A) finishes the outputs
@@ -949,7 +919,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
                                          device=checkpoint.device)
         _gdn_split_projection_kernel[(triton.cdiv(V, cfg.block), HV, batch)](
             checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
-            mixed_qkv, a, b, A_log, dt_bias, proj, weights, out, counts, float(scale),
+            mixed_qkv, a, b, A_log, dt_bias, proj, weights, out, float(scale),
             H, HV, K, V, buffer_len, u_buffer.shape[2],
             checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
             k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
@@ -962,7 +932,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K),
             BF16_TERMS=fold_bf16_terms(cfg.fold_bf16, checkpoint.dtype, k_buffer.dtype),
             USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
-            OUTPUTS=outputs, READY=ready, num_warps=cfg.num_warps,
+            OUTPUTS=outputs, num_warps=cfg.num_warps,
             **({"launch_pdl": True} if overlap and outputs else {}),
         )
         if outputs:
@@ -976,30 +946,21 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     has_fold = checkpoint_fold is not None
     vb = v_buffer if has_fold else u_buffer  # placeholders: not written without a fold copy
     bb = beta_buffer if has_fold else g_buffer
-    # (B)'s grid is row-major with ready counts (its first programs are the
-    # rows (A) finished first)
-    grid = (HV // cfg.out_heads, batch) if ready else (batch, HV // cfg.out_heads)
-    try:
-        _gdn_split_outputs_kernel[grid](
-            proj, k_buffer, u_buffer, g_buffer, vb, bb, fill, origin, slot_ids,
-            mixed_qkv, a, b, A_log, dt_bias, out, counts, float(scale),
-            H, HV, K, V, u_buffer.shape[2], producers,
-            proj.stride(0), proj.stride(1), proj.stride(2),
-            k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
-            u_buffer.stride(0), u_buffer.stride(1), u_buffer.stride(2),
-            g_buffer.stride(0), g_buffer.stride(1),
-            vb.stride(0), vb.stride(1), vb.stride(2), bb.stride(0), bb.stride(1),
-            mixed_qkv.stride(0), a.stride(0), b.stride(0), out.stride(0), out.stride(1),
-            HEADS=cfg.out_heads, BLOCK_S=BLOCK_S, BLOCK_V=max(16, triton.next_power_of_2(V)),
-            BLOCK_K=max(16, triton.next_power_of_2(K)), USE_QK_L2NORM=use_qk_l2norm,
-            HAS_FOLD_COPY=has_fold, OVERLAP=overlap, READY=ready,
-            SPINS=ready_spins(), num_warps=cfg.out_warps,
-            **({"launch_pdl": True} if overlap else {}),
-        )
-    except BaseException:
-        if ready:  # (A) counted, and no (B) will reset its counts: do it here
-            counts.zero_()
-        raise
+    _gdn_split_outputs_kernel[(batch, HV // cfg.out_heads)](
+        proj, k_buffer, u_buffer, g_buffer, vb, bb, fill, origin, slot_ids,
+        mixed_qkv, a, b, A_log, dt_bias, out, float(scale),
+        H, HV, K, V, u_buffer.shape[2],
+        proj.stride(0), proj.stride(1), proj.stride(2),
+        k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
+        u_buffer.stride(0), u_buffer.stride(1), u_buffer.stride(2),
+        g_buffer.stride(0), g_buffer.stride(1),
+        vb.stride(0), vb.stride(1), vb.stride(2), bb.stride(0), bb.stride(1),
+        mixed_qkv.stride(0), a.stride(0), b.stride(0), out.stride(0), out.stride(1),
+        HEADS=cfg.out_heads, BLOCK_S=BLOCK_S, BLOCK_V=max(16, triton.next_power_of_2(V)),
+        BLOCK_K=max(16, triton.next_power_of_2(K)), USE_QK_L2NORM=use_qk_l2norm,
+        HAS_FOLD_COPY=has_fold, OVERLAP=overlap, num_warps=cfg.out_warps,
+        **({"launch_pdl": True} if overlap else {}),
+    )
 
     if cfg.project_fold:
         return

@@ -47,7 +47,6 @@ from sglang_replayssm.kernels import fold as fd  # noqa: E402
 from sglang_replayssm.kernels import gdn_replay as gdn  # noqa: E402
 from sglang_replayssm.kernels import mamba2_replay as m2  # noqa: E402
 from sglang_replayssm.kernels import projection as pj  # noqa: E402
-from sglang_replayssm.kernels.common import READY_SPINS_GPU  # noqa: E402
 from sglang_replayssm.kernels.cursors import MODE_FLUSH  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -131,15 +130,14 @@ def mamba2_projection_case(sdt, cols, block=32, terms=None, outputs=False):
              "HAS_D": True, "HAS_Z": False})
 
 
-def gdn_projection_case(sdt, cols, block=32, terms=None, outputs=False, ready=False):
-    """ready: SplitConfig.ready_counts (the release of each program's count)."""
+def gdn_projection_case(sdt, cols, block=32, terms=None, outputs=False):
     terms = serving_bf16_terms(sdt) if terms is None else terms
     ptr = f"*{sdt}"
     return (gdn._gdn_split_projection_kernel, dict(gdn_split_ptrs(sdt), ckpt_ptr=ptr),
             {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": 128, "FOLD_COLS": cols,
              "BF16_TERMS": terms,
-             "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3", "OVERLAP": ready,
-             "OUTPUTS": outputs, "READY": ready})
+             "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3", "OVERLAP": False,
+             "OUTPUTS": outputs})
 
 
 def gdn_split_ptrs(sdt):
@@ -148,8 +146,7 @@ def gdn_split_ptrs(sdt):
     return {"kbuf_ptr": "*bf16", "ubuf_ptr": ptr, "gbuf_ptr": "*fp32", "fill_ptr": "*i32",
             "origin_ptr": "*i32", "slot_ptr": "*i32", "proj_ptr": "*fp32",
             "qkv_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
-            "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "weights_ptr": "*fp32",
-            "ready_ptr": "*i32"}
+            "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "weights_ptr": "*fp32"}
 
 
 def mamba2():
@@ -220,22 +217,18 @@ def gdn_split():
         for block, nw in ((64, 2), (64, 4), (32, 4)):
             report(f"GDN (A) projection + fold + outputs {sdt} block={block}",
                    *gdn_projection_case(sdt, 32, block, outputs=True), nw)
-        report(f"GDN (A) projection + fold, ready counts {sdt} block=64",
-               *gdn_projection_case(sdt, 32, 64, ready=True), 2)
         for nw in (1, 2, 4):
             report(f"GDN (W) ring weights {sdt}", gdn._gdn_ring_weights_kernel, ring,
                    {"BLOCK_S": L, "BLOCK_H": 2, "BLOCK_K": K, "USE_QK_L2NORM": True,
                     "OVERLAP": True}, nw)
         for heads in (1, 2):
             for nw in (1, 2, 4):
-                for overlap, ready in ((False, False), (True, False), (True, True)):
-                    report(f"GDN (B) outputs u ring {sdt} out_heads={heads} overlap={overlap}"
-                           + (" ready counts" if ready else ""),
+                for overlap in (False, True):
+                    report(f"GDN (B) outputs u ring {sdt} out_heads={heads} overlap={overlap}",
                            gdn._gdn_split_outputs_kernel, ring,
                            {"HEADS": heads, "BLOCK_S": L, "BLOCK_V": V, "BLOCK_K": K,
                             "USE_QK_L2NORM": True, "HAS_FOLD_COPY": False,
-                            "OVERLAP": overlap, "READY": ready,
-                            "SPINS": READY_SPINS_GPU}, nw)
+                            "OVERLAP": overlap}, nw)
         for dot in (True, False):
             for block in (32, 64, 128):
                 for nw in (4, 8):

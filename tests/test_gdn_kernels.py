@@ -60,13 +60,6 @@ ROUTES = {
     # (A) launched while (W) runs
     "split_outputs_overlap": ("split", split(project_fold=True, outputs_in_projection=True,
                                              overlap=True)),
-    # (B) waits on per-(row, v-head) ready counts, not for the whole of (A):
-    # one (A) program per v-head, and two (half-V tiles) with v-head pairs.
-    # The interpreter keeps and resets the counts too (no overlap there)
-    "split_ready": ("split", split(project_fold=True, overlap=True, ready_counts=True)),
-    "split_ready_halves": ("split", SplitConfig(block=16, num_warps=2, out_heads=2,
-                                                project_fold=True, overlap=True,
-                                                ready_counts=True)),
 }
 
 
@@ -186,8 +179,7 @@ def decode_steps(pool, slots, steps, check=True):
 STAGGER_CASES = [(r, "fused") for r in (1, 2, 4)] + [(2, "fused_storage")] + [
     (1, "split"), (2, "split_pairs_fma"), (4, "split_halves_chunks"),
     (1, "split_project_fold"), (2, "split_project_fold_halves"), (4, "split_project_fold"),
-    (1, "split_outputs_halves"), (2, "split_outputs"), (4, "split_outputs_halves"),
-    (1, "split_ready"), (2, "split_ready_halves"), (4, "split_ready")]
+    (1, "split_outputs_halves"), (2, "split_outputs"), (4, "split_outputs_halves")]
 
 
 @pytest.mark.parametrize("ratio,route", STAGGER_CASES, ids=[f"{r}-{n}" for r, n in STAGGER_CASES])
@@ -553,23 +545,6 @@ def test_bad_input_is_rejected(device):
     assert int(pool.fill[1]) == 0 and bool(pool.kb.isnan().all())  # nothing was written
 
 
-@pytest.mark.parametrize("route", ["split_ready", "split_ready_halves"])
-def test_ready_counts_reset_and_heal(device, route):
-    """SplitConfig.ready_counts: every count (B) waited on is 0 again after a
-    launch (the invariant the next launch relies on), and a count left wrong
-    (here: one extra) costs the fallback wait, never a wrong output, and is
-    reset by it."""
-    from sglang_replayssm.kernels.common import ready_counts
-    pool = Pool(device, ratio=2, L=4, seed=13, route=route)
-    slots = torch.tensor([4, -1, 0], dtype=torch.int32, device=device)
-    decode_steps(pool, slots, 3)
-    counts = ready_counts(torch.device(device), 3 * pool.HV)
-    assert int(counts.abs().sum()) == 0
-    counts[2 * pool.HV + 1] = 1  # row 2, v-head 1
-    decode_steps(pool, slots, 3)  # checks every output against the reference
-    assert int(counts.abs().sum()) == 0
-
-
 def test_split_route_rejects_verify_flush_and_bad_config(device):
     """route="split" is decode-only: verify and flush name the route in their
     error; a SplitConfig whose out_heads does not divide the v-heads per
@@ -590,9 +565,6 @@ def test_split_route_rejects_verify_flush_and_bad_config(device):
         pool.decode(slots, qkv, a, b)
     pool.config = replace(split(), fold_block=24)
     with pytest.raises(ValueError, match="powers of 2"):
-        pool.decode(slots, qkv, a, b)
-    pool.config = split(project_fold=True, ready_counts=True)
-    with pytest.raises(ValueError, match="ready_counts needs overlap"):
         pool.decode(slots, qkv, a, b)
     pool.route = "reconstruct"  # a Mamba-2 route
     with pytest.raises(ValueError, match="route must be one of"):
@@ -663,6 +635,3 @@ def test_split_route_overlapped(ratio):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
     test_decode_across_flushes_staggered_and_padded("cuda", ratio, "split_overlap")
     test_decode_across_flushes_staggered_and_padded("cuda", ratio, "split_outputs_overlap")
-    test_decode_across_flushes_staggered_and_padded("cuda", ratio, "split_ready")
-    test_decode_across_flushes_staggered_and_padded("cuda", ratio, "split_ready_halves")
-    test_ready_counts_reset_and_heal("cuda", "split_ready_halves")

@@ -784,9 +784,9 @@ def test_decode_rejects_bad_input(device, name, mutate, match):
 
 def test_split_route_rejects_verify_and_bad_config(device):
     """route="split" is decode-only: verify names the route in its error; a
-    SplitConfig whose out_heads does not divide the heads per group, that
-    overlaps (B) with a projection that does not fold, or that asks for GDN's
-    ready counts, is refused before any launch."""
+    SplitConfig whose out_heads does not divide the heads per group, or that
+    overlaps (B) with a projection that does not fold, is refused before any
+    launch."""
     pool = Pool(device, Cfg(route="split"), seed=62, S=4, L=4, T=2)
     inp = pool.inputs(2, 2)
     kw = dict(pool.kernel_kwargs(), route="split")
@@ -803,12 +803,6 @@ def test_split_route_rejects_verify_and_bad_config(device):
     cfg = replace(m2.default_config(pool.P, pool.N, F32, route="split"), project_fold=False,
                   overlap=True)
     with pytest.raises(ValueError, match="SplitConfig.overlap needs project_fold"):
-        mamba2_replay_decode(*pool.pool_args(), pool.slot_tensor([0, 1]), sq["x"], sq["dt"],
-                             pool.A, sq["B"], sq["C"], z=sq["z"], **dict(kw, config=cfg))
-    # the ready counts exist for GDN's (B) only
-    cfg = replace(m2.default_config(pool.P, pool.N, F32, route="split"), project_fold=True,
-                  overlap=True, outputs_in_projection=False, ready_counts=True)
-    with pytest.raises(ValueError, match="ready_counts is implemented for GDN only"):
         mamba2_replay_decode(*pool.pool_args(), pool.slot_tensor([0, 1]), sq["x"], sq["dt"],
                              pool.A, sq["B"], sq["C"], z=sq["z"], **dict(kw, config=cfg))
     for n, t in before.items():
