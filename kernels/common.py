@@ -43,9 +43,6 @@ class SplitConfig(LaunchConfig):
                   k_s . k_t and k_s . q_t) computed once per group. Unused
                   with outputs_in_projection ((W) takes a whole group)
     out_warps     (B) warps per program, or (W)'s with outputs_in_projection
-    out_maxnreg   register cap per thread of that launch (Triton's maxnreg;
-                  0 = the compiler's choice): (B)'s programs at 1 warp are
-                  few per SM because each holds its ring slices in registers
     fold_block    (C) state rows per work item (power of 2); 0 = whole head
     fold_warps    (C) warps per program. Default 32 rows / 4 warps: on the
                   H200 (b=256, L=16, benchmarks/NOTES.md) its flush step took
@@ -104,7 +101,6 @@ class SplitConfig(LaunchConfig):
 
     out_heads: int = 1
     out_warps: int = 2
-    out_maxnreg: int = 0
     fold_block: int = 32
     fold_warps: int = 4
     fold_programs: int = 0
@@ -136,12 +132,6 @@ def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
           "SplitConfig.outputs_in_projection needs project_fold (the outputs and the fold "
           "share (A)'s checkpoint tile)")
     return cfg
-
-
-def out_launch_options(cfg: SplitConfig) -> dict:
-    """Launch options of (B) / (W): warps and the register cap, if any."""
-    return dict(num_warps=cfg.out_warps, **({"maxnreg": cfg.out_maxnreg}
-                                            if cfg.out_maxnreg else {}))
 
 
 def interpreting() -> bool:

@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (out_launch_options, ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
+from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
                      check_live_cursors, check_pool, dot_precision, let_dependents_launch,
                      overlap_launch, ring_block, ring_cumsum, ring_index, ring_positions,
                      softplus, split_config, split_step_cursors, wait_for_prior_launch)
@@ -909,7 +909,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             g_buffer.stride(0), g_buffer.stride(1),
             mixed_qkv.stride(0), a.stride(0), b.stride(0), weights.stride(0), weights.stride(1),
             BLOCK_S=BLOCK_S, BLOCK_H=triton.next_power_of_2(hpg), BLOCK_K=BLOCK_K,
-            USE_QK_L2NORM=use_qk_l2norm, OVERLAP=overlap, **out_launch_options(cfg),
+            USE_QK_L2NORM=use_qk_l2norm, OVERLAP=overlap, num_warps=cfg.out_warps,
         )
     if cfg.project_fold:  # (A) folds the flushing rows too: no (C)
         if outputs:  # no proj scratch: the pointer stands in, unused
@@ -958,7 +958,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         mixed_qkv.stride(0), a.stride(0), b.stride(0), out.stride(0), out.stride(1),
         HEADS=cfg.out_heads, BLOCK_S=BLOCK_S, BLOCK_V=max(16, triton.next_power_of_2(V)),
         BLOCK_K=max(16, triton.next_power_of_2(K)), USE_QK_L2NORM=use_qk_l2norm,
-        HAS_FOLD_COPY=has_fold, OVERLAP=overlap, **out_launch_options(cfg),
+        HAS_FOLD_COPY=has_fold, OVERLAP=overlap, num_warps=cfg.out_warps,
         **({"launch_pdl": True} if overlap else {}),
     )
 

@@ -63,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (out_launch_options, ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
+from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      check_fold_copy, check_live_cursors, check_pool, dot_precision,
                      let_dependents_launch, overlap_launch, ring_block, ring_cumsum,
                      ring_index, ring_positions, softplus, split_config, split_step_cursors,
@@ -868,7 +868,7 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
             weights.stride(0), weights.stride(1),
             BLOCK_S=BLOCK_S, BLOCK_H=triton.next_power_of_2(hpg), BLOCK_N=BLOCK_N,
             HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=dt_softplus, OVERLAP=overlap,
-            **out_launch_options(cfg),
+            num_warps=cfg.out_warps,
         )
 
     # (A) proj[row, head, :] = h_c C_q, fp32 scratch. torch.empty is fine
@@ -928,7 +928,7 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         dt_bias.stride(0) if dt_bias is not None else 0,
         HEADS=cfg.out_heads, BLOCK_S=BLOCK_S, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
-        DT_SOFTPLUS=dt_softplus, OVERLAP=overlap, **out_launch_options(cfg),
+        DT_SOFTPLUS=dt_softplus, OVERLAP=overlap, num_warps=cfg.out_warps,
         **({"launch_pdl": True} if overlap else {}),
     )
 
