@@ -473,10 +473,8 @@ def _gdn_split_projection_kernel(
             g_t, beta = _token_gates(tl.load(a_ptr + row64 * s_a_row + hv),
                                      tl.load(b_ptr + row64 * s_b_row + hv),
                                      tl.load(A_log_ptr + hv), tl.load(dt_bias_ptr + hv))
-            n_k = 1.0
-            if USE_QK_L2NORM:  # as (B) and the fused kernel normalise it
-                n_k = tl.sqrt(tl.sum(k_t * k_t) + 1e-6)
-            k_t = k_t / n_k
+            # normalised as (B) and the fused kernel do (q_t is not needed here)
+            _, k_t, _, n_k = _token_qk(q_in, k_in, scale, USE_QK_L2NORM)
             proj_k = proj_k / n_k
             ks = ks.to(tl.float32)
             us = us.to(tl.float32)
