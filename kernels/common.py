@@ -112,7 +112,6 @@ class SplitConfig(LaunchConfig):
     fold_bf16: bool = True
     overlap: bool = False
     outputs_in_projection: bool = False
-    weights_in_projection: bool = False
 
 
 def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:

@@ -369,7 +369,6 @@ def _gdn_split_projection_kernel(
     BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr, OUTPUTS: tl.constexpr,
-    OWN_WEIGHTS: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, v-head, BLOCK_R rows of V)
     projects its checkpoint tile onto the raw q_t and k_t (proj[row, 0/1]),
@@ -423,44 +422,20 @@ def _gdn_split_projection_kernel(
                         + offs_r[None, :], mask=is_hist[:, None] & mask_r[None, :], other=0.0)
         v_in = tl.load(qkv_ptr + row64 * s_qkv_row + 2 * H * K + hv * V + offs_r, mask=mask_r,
                        other=0.0)
-        if OWN_WEIGHTS:  # what (W) would read: the head's g ring and gates (keys below)
-            g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
-                          other=0.0)
-            a_t = tl.load(a_ptr + row64 * s_a_row + hv)
-            b_t = tl.load(b_ptr + row64 * s_b_row + hv)
-            A_log = tl.load(A_log_ptr + hv)
-            dt_bias = tl.load(dt_bias_ptr + hv)
     h = h_in.to(tl.float32)
     k_t = k_in.to(tl.float32)
     proj_k = tl.sum(h * k_t[None, :], axis=1)
     proj_q = tl.sum(h * q_in.to(tl.float32)[None, :], axis=1)
     if OUTPUTS:
-        if OWN_WEIGHTS:  # as (W) computes them, for this v-head
-            # the k-head's key ring (an L2 hit but for its first reader), loaded
-            # once the tile's registers are free
-            ks_in = tl.load(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head
-                            + ring[:, None] * s_kb_pos + offs_k[None, :],
-                            mask=is_hist[:, None] & mask_k[None, :], other=0.0)
-            q_t, k_t, n_q, n_k = _token_qk(q_in, k_in, scale, USE_QK_L2NORM)
-            ksf = ks_in.to(tl.float32)
-            kq_t = tl.sum(k_t * q_t)
-            g_t, beta = _token_gates(a_t, b_t, A_log, dt_bias)
-            cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
-            total = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # cum at this token
-            w = tl.where(is_hist, tl.exp(tl.minimum(total - cum, 0.0)), 0.0)
-            wk = w * tl.sum(ksf * k_t[None, :], axis=1)
-            wq = w * tl.sum(ksf * q_t[None, :], axis=1)
-            decay = tl.exp(total)
-        else:
-            wait_for_prior_launch(OVERLAP)  # (W)'s weights are complete from here on
-            w_row = weights_ptr + row64 * s_w_row + hv * s_w_head
-            wk = tl.load(w_row + offs_s)                 # w_s k_s . k_t, 0 outside the history
-            wq = tl.load(w_row + BLOCK_S + offs_s)       # w_s k_s . q_t
-            decay = tl.load(w_row + 2 * BLOCK_S)
-            beta = tl.load(w_row + 2 * BLOCK_S + 1)
-            n_k = tl.load(w_row + 2 * BLOCK_S + 2)
-            n_q = tl.load(w_row + 2 * BLOCK_S + 3)
-            kq_t = tl.load(w_row + 2 * BLOCK_S + 4)
+        wait_for_prior_launch(OVERLAP)  # (W)'s weights are complete from here on
+        w_row = weights_ptr + row64 * s_w_row + hv * s_w_head
+        wk = tl.load(w_row + offs_s)                 # w_s k_s . k_t, 0 outside the history
+        wq = tl.load(w_row + BLOCK_S + offs_s)       # w_s k_s . q_t
+        decay = tl.load(w_row + 2 * BLOCK_S)
+        beta = tl.load(w_row + 2 * BLOCK_S + 1)
+        n_k = tl.load(w_row + 2 * BLOCK_S + 2)
+        n_q = tl.load(w_row + 2 * BLOCK_S + 3)
+        kq_t = tl.load(w_row + 2 * BLOCK_S + 4)
         us = us_in.to(tl.float32)
         proj_k = proj_k / n_k
         u_t = beta * (v_in.to(tl.float32) - (decay * proj_k + tl.sum(us * wk[:, None], axis=0)))
@@ -471,23 +446,17 @@ def _gdn_split_projection_kernel(
         # append, flush step included (its fold takes u_t from here)
         tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring_q * s_ub_pos + offs_r,
                  u_t.to(ubuf_ptr.dtype.element_ty), mask=mask_r)
-        if OWN_WEIGHTS and pid_r == 0:  # the head's g, and the k-head's k (its first head)
-            tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring_q, g_t)
-            if hv % (HV // H) == 0:
-                tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring_q * s_kb_pos
-                         + offs_k, k_t.to(kbuf_ptr.dtype.element_ty), mask=mask_k)
     else:
         p_off = proj_ptr + row64 * s_pr_row + hv * s_pr_head + offs_r
         tl.store(p_off, proj_q, mask=mask_r)
         tl.store(p_off + s_pr_j, proj_k, mask=mask_r)
     if fill + 1 >= buffer_len:
         if OUTPUTS:
-            if not OWN_WEIGHTS:  # (with them, cum and total are this program's)
-                g_t = tl.load(w_row + 2 * BLOCK_S + 5)
-                g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
-                              other=0.0)
-                cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
-                total = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # cum at this token
+            g_t = tl.load(w_row + 2 * BLOCK_S + 5)
+            g_h = tl.load(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, mask=is_hist,
+                          other=0.0)
+            cum = tl.cumsum(tl.where(is_hist, g_h, tl.where(is_win, g_t, 0.0)), axis=0)
+            total = tl.sum(tl.where(is_win, cum, 0.0), axis=0)   # cum at this token
         else:
             origin = tl.load(origin_ptr + slot)
             # positions [0, fill) = history in the ring, fill = this token
@@ -925,8 +894,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     BLOCK_K = max(16, triton.next_power_of_2(K))
     overlap = overlap_launch(cfg, checkpoint.device)
     outputs = cfg.outputs_in_projection
-    own_weights = outputs and cfg.weights_in_projection
-    if outputs and not own_weights:
+    if outputs:
         # (W) the ring weights, [b, HV, 2 BLOCK_S + 6] fp32 scratch (a fixed
         # address under CUDA graphs, as proj below); (A) finishes the outputs
         weights = torch.empty((batch, HV, 2 * BLOCK_S + 6), dtype=torch.float32,
@@ -942,9 +910,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             USE_QK_L2NORM=use_qk_l2norm, OVERLAP=overlap, num_warps=cfg.out_warps,
         )
     if cfg.project_fold:  # (A) folds the flushing rows too: no (C)
-        if own_weights:  # no scratch at all: the output stands in for both pointers
-            proj = weights = out
-        elif outputs:  # no proj scratch: the pointer stands in, unused
+        if outputs:  # no proj scratch: the pointer stands in, unused
             proj = weights
         else:  # and without (W) the weights pointer
             proj = weights = torch.empty((batch, 2, HV, V), dtype=torch.float32,
@@ -964,8 +930,8 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K),
             BF16_TERMS=fold_bf16_terms(cfg.fold_bf16, checkpoint.dtype, k_buffer.dtype),
             USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
-            OUTPUTS=outputs, OWN_WEIGHTS=own_weights, num_warps=cfg.num_warps,
-            **({"launch_pdl": True} if overlap and outputs and not own_weights else {}),
+            OUTPUTS=outputs, num_warps=cfg.num_warps,
+            **({"launch_pdl": True} if overlap and outputs else {}),
         )
         if outputs:
             return

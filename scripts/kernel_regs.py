@@ -130,15 +130,14 @@ def mamba2_projection_case(sdt, cols, block=32, terms=None, outputs=False):
              "HAS_D": True, "HAS_Z": False})
 
 
-def gdn_projection_case(sdt, cols, block=32, terms=None, outputs=False, own_weights=False):
-    """As mamba2_projection_case; own_weights: SplitConfig.weights_in_projection."""
+def gdn_projection_case(sdt, cols, block=32, terms=None, outputs=False):
     terms = serving_bf16_terms(sdt) if terms is None else terms
     ptr = f"*{sdt}"
     return (gdn._gdn_split_projection_kernel, dict(gdn_split_ptrs(sdt), ckpt_ptr=ptr),
             {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": 128, "FOLD_COLS": cols,
              "BF16_TERMS": terms,
              "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3", "OVERLAP": False,
-             "OUTPUTS": outputs, "OWN_WEIGHTS": own_weights})
+             "OUTPUTS": outputs})
 
 
 def gdn_split_ptrs(sdt):
@@ -218,8 +217,6 @@ def gdn_split():
         for block, nw in ((64, 2), (64, 4), (32, 4)):
             report(f"GDN (A) projection + fold + outputs {sdt} block={block}",
                    *gdn_projection_case(sdt, 32, block, outputs=True), nw)
-            report(f"GDN (A) projection + fold + outputs + own weights {sdt} block={block}",
-                   *gdn_projection_case(sdt, 32, block, outputs=True, own_weights=True), nw)
         for nw in (1, 2, 4):
             report(f"GDN (W) ring weights {sdt}", gdn._gdn_ring_weights_kernel, ring,
                    {"BLOCK_S": L, "BLOCK_H": 2, "BLOCK_K": K, "USE_QK_L2NORM": True,
