@@ -97,15 +97,6 @@ class SplitConfig(LaunchConfig):
                   value ring (Mamba-2 x, GDN u), and appends that slice.
                   (B)'s per-head programs were latency bound (a third of a
                   bf16 step); (W) has a program per group and no value ring.
-    single_launch GDN, project_fold without outputs_in_projection: (A) and
-                  (B) in one launch, its programs ordered by tickets taken
-                  as they start (gdn_replay._gdn_split_single_launch_kernel),
-                  each (B) program waiting only for its own (row, head)'s (A)
-                  programs (ready counts), so that (B) runs among (A)'s
-                  programs instead of after them; replaces overlap
-    single_launch_lag  rows of (A) programs between a row's (A) programs and
-                  its (B) programs in ticket order (about the rows resident
-                  at once, so that a (B) program seldom waits)
     """
 
     out_heads: int = 1
@@ -121,8 +112,6 @@ class SplitConfig(LaunchConfig):
     fold_bf16: bool = True
     overlap: bool = False
     outputs_in_projection: bool = False
-    single_launch: bool = False
-    single_launch_lag: int = 8
 
 
 def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
@@ -139,11 +128,6 @@ def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
           f"SplitConfig.fold_cols must be 0 or a power of 2 >= 16, got {cfg.fold_cols}")
     check(not cfg.overlap or cfg.project_fold,
           "SplitConfig.overlap needs project_fold (a (C) launch would follow (B))")
-    check(not cfg.single_launch or (cfg.project_fold and not cfg.outputs_in_projection),
-          "SplitConfig.single_launch needs project_fold and the outputs kernel (B) "
-          "(outputs_in_projection=False): it runs (A) and (B) in one launch")
-    check(cfg.single_launch_lag >= 1,
-          f"SplitConfig.single_launch_lag must be >= 1, got {cfg.single_launch_lag}")
     check(not cfg.outputs_in_projection or cfg.project_fold,
           "SplitConfig.outputs_in_projection needs project_fold (the outputs and the fold "
           "share (A)'s checkpoint tile)")
@@ -191,56 +175,6 @@ def wait_for_prior_launch(OVERLAP: tl.constexpr):
     """(B): from here on, everything (A) wrote is complete and visible."""
     if OVERLAP:
         gdc_wait()
-
-
-_sync_counter_buffers: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
-
-
-def sync_counters(device: torch.device, numel: int) -> torch.Tensor:
-    """int32 counters for programs of one launch that wait on each other
-    (SplitConfig.single_launch: a ticket counter and per (row, head) ready
-    counts), at least ``numel``, zero between launches: the launch that uses
-    them returns every counter to 0 (the zeros are an invariant, not written
-    per launch, so nothing extra runs in a CUDA graph). One buffer per device
-    and stream (launches on one stream run in turn, as a model's layers do;
-    two streams get two buffers), grown by doubling; an outgrown one is kept,
-    since a captured CUDA graph may hold its address."""
-    device = torch.device(device)
-    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
-    held = _sync_counter_buffers.setdefault((device, stream), [])
-    if not held or held[-1].numel() < numel:
-        size = max(numel, 2 * held[-1].numel() if held else 1024)
-        held.append(torch.zeros(triton.next_power_of_2(size), dtype=torch.int32,
-                                device=device))
-    return held[-1]
-
-
-# a wait_ready that has not seen its count after this many tries gives up and
-# says so (its caller then outputs NaN): a bug, never a normal wait, which is
-# a few microseconds
-READY_SPINS = tl.constexpr(1 << 22)
-
-
-@triton.jit
-def signal_ready(count_ptr, READY: tl.constexpr):
-    """Count this program done for a waiter (wait_ready). The barrier puts
-    every thread's stores before the one thread's release, so a program that
-    acquires the count sees all of them."""
-    if READY:
-        tl.debug_barrier()
-        tl.atomic_add(count_ptr, 1, sem="release")
-
-
-@triton.jit
-def wait_ready(count_ptr, producers):
-    """Wait until the count reaches ``producers`` and reset it to 0 in the
-    same compare-and-swap (acquire: the producers' stores are visible from
-    here on). Returns False if it gave up after READY_SPINS tries."""
-    tries = 0
-    while (tl.atomic_cas(count_ptr, producers, 0, sem="acquire") != producers) \
-            & (tries < READY_SPINS):
-        tries += 1
-    return tries < READY_SPINS
 
 
 @triton.jit

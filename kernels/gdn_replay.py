@@ -69,8 +69,7 @@ import triton.language as tl
 from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
                      check_live_cursors, check_pool, dot_precision, let_dependents_launch,
                      overlap_launch, ring_block, ring_cumsum, ring_index, ring_positions,
-                     signal_ready, softplus, split_config, split_step_cursors, sync_counters,
-                     wait_for_prior_launch, wait_ready)
+                     softplus, split_config, split_step_cursors, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_bf16_terms, fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
@@ -357,8 +356,7 @@ def _corrected_value(v_t, beta, decay, hk_c, us, w, kk):
 
 
 @triton.jit
-def _projection_program(
-    pid_r, hv, row,
+def _gdn_split_projection_kernel(
     ckpt_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
     qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, proj_ptr, weights_ptr, out_ptr, scale,
     H, HV, K, V, buffer_len, capacity,
@@ -371,7 +369,6 @@ def _projection_program(
     BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr, OUTPUTS: tl.constexpr,
-    ready_ptr, READY: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, v-head, BLOCK_R rows of V)
     projects its checkpoint tile onto the raw q_t and k_t (proj[row, 0/1]),
@@ -389,10 +386,12 @@ def _projection_program(
     u_t (as (B) does, from (W)'s weights, the tile's projections and the
     v-head's u ring slice, loaded with the tile before waiting for (W)),
     stores o_t, appends u_t, and its flush folds that u_t; no proj scratch.
-    A padded row outputs zeros (as (B) and the stock kernel).
-
-    READY (SplitConfig.single_launch): once its projections are stored, the
-    program counts itself done for its (row, v-head) (ready_ptr [b, HV])."""
+    A padded row outputs zeros (as (B) and the stock kernel)."""
+    if not OUTPUTS:
+        let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
+    pid_r = tl.program_id(0)
+    hv = tl.program_id(1)
+    row = tl.program_id(2)
     offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     mask_r = offs_r < V
     row64 = row.to(tl.int64)
@@ -451,7 +450,6 @@ def _projection_program(
         p_off = proj_ptr + row64 * s_pr_row + hv * s_pr_head + offs_r
         tl.store(p_off, proj_q, mask=mask_r)
         tl.store(p_off + s_pr_j, proj_k, mask=mask_r)
-        signal_ready(ready_ptr + row64 * HV + hv, READY)  # before the fold: (B) needs no more
     if fill + 1 >= buffer_len:
         if OUTPUTS:
             g_t = tl.load(w_row + 2 * BLOCK_S + 5)
@@ -508,39 +506,6 @@ def _projection_program(
                 hc += u_t[:, None] * kq[None, :]
             tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
                      mask=m_rc)
-
-
-@triton.jit
-def _gdn_split_projection_kernel(
-    ckpt_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
-    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, proj_ptr, weights_ptr, out_ptr, scale,
-    H, HV, K, V, buffer_len, capacity,
-    s_ck_slot, s_ck_head, s_ck_row,
-    s_kb_slot, s_kb_head, s_kb_pos,
-    s_ub_slot, s_ub_head, s_ub_pos,
-    s_gb_slot, s_gb_head,
-    s_qkv_row, s_a_row, s_b_row, s_pr_row, s_pr_j, s_pr_head,
-    s_w_row, s_w_head, s_o_row, s_o_head,
-    BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr, OUTPUTS: tl.constexpr,
-):
-    """(A), grid (cdiv(V, BLOCK_R), HV, batch): :func:`_projection_program`."""
-    if not OUTPUTS:
-        let_dependents_launch(OVERLAP)  # SplitConfig.overlap: (B) may start now
-    _projection_program(
-        tl.program_id(0), tl.program_id(1), tl.program_id(2),
-        ckpt_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
-    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, proj_ptr, weights_ptr, out_ptr, scale,
-    H, HV, K, V, buffer_len, capacity,
-    s_ck_slot, s_ck_head, s_ck_row,
-    s_kb_slot, s_kb_head, s_kb_pos,
-    s_ub_slot, s_ub_head, s_ub_pos,
-    s_gb_slot, s_gb_head,
-    s_qkv_row, s_a_row, s_b_row, s_pr_row, s_pr_j, s_pr_head,
-    s_w_row, s_w_head, s_o_row, s_o_head,
-        BLOCK_S, BLOCK_R, BLOCK_K, FOLD_COLS, BF16_TERMS, USE_QK_L2NORM, DOT_PRECISION,
-        OVERLAP, OUTPUTS, slot_ptr, False)
 
 
 @triton.jit
@@ -620,8 +585,7 @@ def _gdn_ring_weights_kernel(
 
 
 @triton.jit
-def _outputs_program(
-    row, hv0,
+def _gdn_split_outputs_kernel(
     proj_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr, fill_ptr, origin_ptr,
     slot_ptr, qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
     H, HV, K, V, capacity,
@@ -633,7 +597,6 @@ def _outputs_program(
     s_qkv_row, s_a_row, s_b_row, s_o_row, s_o_head,
     HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, OVERLAP: tl.constexpr,
-    ready_ptr, producers, READY: tl.constexpr,
 ):
     """(B) One program per (row, HEADS consecutive v-heads of one k-head): the
     decode output from the projection (A) and the ring, then the token's
@@ -652,10 +615,10 @@ def _outputs_program(
                 + (k_t . q_t) u_t
 
     With OVERLAP (SplitConfig.overlap) this runs while (A) finishes: the
-    projections are read last, after waiting for (A). With READY
-    (SplitConfig.single_launch) (A)'s programs run in the same launch: the
-    wait is for the ``producers`` (A) programs of each (row, v-head) only.
+    projections are read last, after waiting for (A).
     """
+    row = tl.program_id(0).to(tl.int64)
+    hv0 = tl.program_id(1) * HEADS
     hpg = HV // H
     hk = hv0 // hpg
     offs_v = tl.arange(0, BLOCK_V)
@@ -682,7 +645,7 @@ def _outputs_program(
         dt_bias = tl.load(dt_bias_ptr + hv)
         b_t = tl.load(b_ptr + row * s_b_row + hv)
         p_off = proj_ptr + row * s_pr_row + hv * s_pr_head + offs_v
-        if not OVERLAP and not READY:
+        if not OVERLAP:
             proj_q = tl.load(p_off, mask=mask_v, other=0.0)                  # h_c q_t (raw)
             proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0)         # h_c k_t (raw)
         v_in = tl.load(qkv_ptr + row * s_qkv_row + 2 * H * K + hv * V + offs_v,
@@ -691,12 +654,7 @@ def _outputs_program(
                       other=0.0)
         us_in = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
                         + offs_v[None, :], mask=is_hist[:, None] & mask_v[None, :], other=0.0)
-        if READY:  # (a padded row's (A) programs count nothing: 0 to wait for)
-            ready = wait_ready(ready_ptr + row * HV + hv, tl.where(live, producers, 0))
-            # past L1: this launch's (A) wrote them, on another SM
-            proj_q = tl.load(p_off, mask=mask_v, other=0.0, cache_modifier=".cg")
-            proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0, cache_modifier=".cg")
-        elif OVERLAP:
+        if OVERLAP:
             wait_for_prior_launch(OVERLAP)
             proj_q = tl.load(p_off, mask=mask_v, other=0.0)
             proj_k = tl.load(p_off + s_pr_j, mask=mask_v, other=0.0)
@@ -719,8 +677,6 @@ def _outputs_program(
         u_t = _corrected_value(v_t, beta, decay, proj_k / n_k, us, w, kk)
         o_t = decay * (proj_q / n_q * scale) + tl.sum(us * (w * kq)[:, None], axis=0) \
             + kq_t * u_t
-        if READY:  # a wait that gave up (a bug) must not pass for an output
-            o_t = tl.where(ready, o_t, float("nan"))
         # a padded row outputs zeros (as the stock kernel); its pool is untouched
         tl.store(out_ptr + row * s_o_row + hv * s_o_head + offs_v,
                  tl.where(live, o_t, 0.0).to(out_ptr.dtype.element_ty), mask=mask_v)
@@ -735,121 +691,6 @@ def _outputs_program(
     if hv0 % hpg == 0:  # the k-head's first program appends k (flush step included)
         tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring_q * s_kb_pos + offs_k,
                  k_t.to(kbuf_ptr.dtype.element_ty), mask=mask_k & live)
-
-
-@triton.jit
-def _gdn_split_outputs_kernel(
-    proj_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr, fill_ptr, origin_ptr,
-    slot_ptr, qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
-    H, HV, K, V, capacity,
-    s_pr_row, s_pr_j, s_pr_head,
-    s_kb_slot, s_kb_head, s_kb_pos,
-    s_ub_slot, s_ub_head, s_ub_pos,
-    s_gb_slot, s_gb_head,
-    s_vb_slot, s_vb_head, s_vb_pos, s_bb_slot, s_bb_head,
-    s_qkv_row, s_a_row, s_b_row, s_o_row, s_o_head,
-    HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, OVERLAP: tl.constexpr,
-):
-    """(B), grid (batch, HV // HEADS): :func:`_outputs_program`."""
-    _outputs_program(
-        tl.program_id(0).to(tl.int64), tl.program_id(1) * HEADS,
-        proj_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr, fill_ptr, origin_ptr,
-    slot_ptr, qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
-    H, HV, K, V, capacity,
-    s_pr_row, s_pr_j, s_pr_head,
-    s_kb_slot, s_kb_head, s_kb_pos,
-    s_ub_slot, s_ub_head, s_ub_pos,
-    s_gb_slot, s_gb_head,
-    s_vb_slot, s_vb_head, s_vb_pos, s_bb_slot, s_bb_head,
-    s_qkv_row, s_a_row, s_b_row, s_o_row, s_o_head,
-        HEADS, BLOCK_S, BLOCK_V, BLOCK_K, USE_QK_L2NORM, HAS_FOLD_COPY, OVERLAP,
-        slot_ptr, 0, False)
-
-
-@triton.jit
-def _gdn_split_single_launch_kernel(
-    ckpt_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
-    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, proj_ptr, out_ptr, scale,
-    ticket_ptr, ready_ptr, batch, lag,
-    H, HV, K, V, buffer_len, capacity,
-    s_ck_slot, s_ck_head, s_ck_row,
-    s_kb_slot, s_kb_head, s_kb_pos,
-    s_ub_slot, s_ub_head, s_ub_pos,
-    s_gb_slot, s_gb_head,
-    s_qkv_row, s_a_row, s_b_row, s_pr_row, s_pr_j, s_pr_head, s_o_row, s_o_head,
-    HEADS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr, FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """(A) and (B) in one launch (SplitConfig.single_launch), 1-D grid of
-    batch * (A_ROW + B_ROW) programs, A_ROW = HV * cdiv(V, BLOCK_R) (A)
-    programs and B_ROW = HV // HEADS (B) programs per row.
-
-    Why: as separate launches (B) runs after the whole of (A) (with overlap,
-    from (A)'s last wave on), and its latency-bound programs add ~20-30 us
-    at b=256 where their ring bytes are worth ~8 us. Here a row's (B)
-    programs run among (A)'s programs of later rows and wait only for their
-    own (row, v-head)'s (A) programs (ready counts, :func:`wait_ready`).
-
-    Deadlock freedom does not rest on the hardware's scheduling order: each
-    program takes a ticket (an atomic counter) when it starts and works as
-    the ticket says, so a (B) program only waits for (A) programs with
-    smaller tickets, i.e. ones already started, which never wait. Ticket
-    order: the (A) programs of rows 0 .. lag-1, then per row r >= lag the
-    (A) programs of row r followed by the (B) programs of row r - lag, then
-    the (B) programs of the last lag rows. The last ticket resets the
-    counter; each (B) program resets its ready counts: both are zero
-    between launches (kernels.common.sync_counters)."""
-    t = tl.atomic_add(ticket_ptr, 1)  # one per program (a scalar atomic)
-    A_ROW = HV * tl.cdiv(V, BLOCK_R)
-    B_ROW = HV // HEADS
-    if t == batch * (A_ROW + B_ROW) - 1:
-        tl.atomic_xchg(ticket_ptr, 0)
-    lag = tl.minimum(lag, batch)
-    mid = t - lag * A_ROW                       # tickets after the first lag rows' (A)
-    unit = mid // (A_ROW + B_ROW)
-    j = mid - unit * (A_ROW + B_ROW)
-    tail = mid - (batch - lag) * (A_ROW + B_ROW)  # tickets of the last lag rows' (B)
-    is_a = (t < lag * A_ROW) | ((tail < 0) & (j < A_ROW))
-    if t < lag * A_ROW:
-        row = t // A_ROW
-        idx = t - row * A_ROW
-    elif tail < 0:
-        row = tl.where(j < A_ROW, lag + unit, unit)
-        idx = tl.where(j < A_ROW, j, j - A_ROW)
-    else:
-        row = batch - lag + tail // B_ROW
-        idx = tail - (tail // B_ROW) * B_ROW
-    if is_a:
-        nrb = tl.cdiv(V, BLOCK_R)
-        _projection_program(
-            idx % nrb, idx // nrb, row,
-            ckpt_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr, slot_ptr,
-            qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, proj_ptr, proj_ptr, out_ptr, scale,
-            H, HV, K, V, buffer_len, capacity,
-            s_ck_slot, s_ck_head, s_ck_row,
-            s_kb_slot, s_kb_head, s_kb_pos,
-            s_ub_slot, s_ub_head, s_ub_pos,
-            s_gb_slot, s_gb_head,
-            s_qkv_row, s_a_row, s_b_row, s_pr_row, s_pr_j, s_pr_head,
-            0, 0, s_o_row, s_o_head,
-            BLOCK_S, BLOCK_R, BLOCK_K, FOLD_COLS, BF16_TERMS, USE_QK_L2NORM, DOT_PRECISION,
-            False, False, ready_ptr, True)
-    else:
-        _outputs_program(
-            row.to(tl.int64), idx * HEADS,
-            proj_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, ubuf_ptr, gbuf_ptr, fill_ptr, origin_ptr,
-            slot_ptr, qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
-            H, HV, K, V, capacity,
-            s_pr_row, s_pr_j, s_pr_head,
-            s_kb_slot, s_kb_head, s_kb_pos,
-            s_ub_slot, s_ub_head, s_ub_pos,
-            s_gb_slot, s_gb_head,
-            0, 0, 0, 0, 0,
-            s_qkv_row, s_a_row, s_b_row, s_o_row, s_o_head,
-            HEADS, BLOCK_S, BLOCK_V, BLOCK_K, USE_QK_L2NORM, False, False,
-            ready_ptr, tl.cdiv(V, BLOCK_R), True)
 
 
 # --------------------------------------------------------------------------
@@ -1068,29 +909,6 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             BLOCK_S=BLOCK_S, BLOCK_H=triton.next_power_of_2(hpg), BLOCK_K=BLOCK_K,
             USE_QK_L2NORM=use_qk_l2norm, OVERLAP=overlap, num_warps=cfg.out_warps,
         )
-    if cfg.single_launch:  # (A) and (B) in one launch (validated: project_fold, no (W))
-        proj = torch.empty((batch, 2, HV, V), dtype=torch.float32, device=checkpoint.device)
-        counters = sync_counters(checkpoint.device, 1 + batch * HV)  # ticket, ready counts
-        n_a = HV * triton.cdiv(V, cfg.block)
-        _gdn_split_single_launch_kernel[(batch * (n_a + HV // cfg.out_heads),)](
-            checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
-            mixed_qkv, a, b, A_log, dt_bias, proj, out, float(scale),
-            counters, counters[1:], batch, cfg.single_launch_lag,
-            H, HV, K, V, buffer_len, u_buffer.shape[2],
-            checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
-            k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
-            u_buffer.stride(0), u_buffer.stride(1), u_buffer.stride(2),
-            g_buffer.stride(0), g_buffer.stride(1),
-            mixed_qkv.stride(0), a.stride(0), b.stride(0),
-            proj.stride(0), proj.stride(1), proj.stride(2), out.stride(0), out.stride(1),
-            HEADS=cfg.out_heads, BLOCK_S=BLOCK_S, BLOCK_R=cfg.block,
-            BLOCK_V=max(16, triton.next_power_of_2(V)), BLOCK_K=BLOCK_K,
-            FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K),
-            BF16_TERMS=fold_bf16_terms(cfg.fold_bf16, checkpoint.dtype, k_buffer.dtype),
-            USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(),
-            num_warps=cfg.num_warps,
-        )
-        return
     if cfg.project_fold:  # (A) folds the flushing rows too: no (C)
         if outputs:  # no proj scratch: the pointer stands in, unused
             proj = weights

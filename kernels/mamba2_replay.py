@@ -846,8 +846,6 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     cfg = split_config(config or default_config(P, N, checkpoint.dtype, batch, route="split",
                                                   heads_per_group=hpg),
                        hpg)
-    check(not cfg.single_launch, "SplitConfig.single_launch is for GDN's split route only "
-          "(Mamba-2's default has no outputs kernel (B) to run alongside (A))")
     BLOCK_P = max(16, triton.next_power_of_2(P))
     BLOCK_N = max(16, triton.next_power_of_2(N))
     dummy = dt_buffer

@@ -217,15 +217,6 @@ def gdn_split():
         for block, nw in ((64, 2), (64, 4), (32, 4)):
             report(f"GDN (A) projection + fold + outputs {sdt} block={block}",
                    *gdn_projection_case(sdt, 32, block, outputs=True), nw)
-        for block, nw in ((64, 2), (64, 4), (32, 2)):
-            for heads in (1, 2):
-                report(f"GDN (A)+(B) single launch {sdt} block={block} out_heads={heads}",
-                       gdn._gdn_split_single_launch_kernel,
-                       dict(gdn_split_ptrs(sdt), ckpt_ptr=ptr, ticket_ptr="*i32",
-                            ready_ptr="*i32"),
-                       {"HEADS": heads, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_V": V,
-                        "BLOCK_K": K, "FOLD_COLS": 32, "BF16_TERMS": served,
-                        "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3"}, nw)
         for nw in (1, 2, 4):
             report(f"GDN (W) ring weights {sdt}", gdn._gdn_ring_weights_kernel, ring,
                    {"BLOCK_S": L, "BLOCK_H": 2, "BLOCK_K": K, "USE_QK_L2NORM": True,

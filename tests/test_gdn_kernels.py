@@ -54,12 +54,6 @@ ROUTES = {
     "split_outputs": ("split", split(project_fold=True, outputs_in_projection=True)),
     "split_outputs_halves": ("split", SplitConfig(block=16, num_warps=2, project_fold=True,
                                                   outputs_in_projection=True)),
-    # (A) and (B) in one launch, ordered by tickets: whole-V and half-V
-    # tiles, v-head pairs, and lags of 1 and (past the batch) 8 rows
-    "split_single": ("split", split(project_fold=True, single_launch=True)),
-    "split_single_halves": ("split", SplitConfig(block=16, num_warps=2, out_heads=2,
-                                                 project_fold=True, single_launch=True,
-                                                 single_launch_lag=1)),
     # (B) launched while (A) runs (programmatic dependent launch): GPU only,
     # the interpreter runs the launches in turn (test_split_route_overlapped)
     "split_overlap": ("split", split(project_fold=True, overlap=True)),
@@ -185,8 +179,7 @@ def decode_steps(pool, slots, steps, check=True):
 STAGGER_CASES = [(r, "fused") for r in (1, 2, 4)] + [(2, "fused_storage")] + [
     (1, "split"), (2, "split_pairs_fma"), (4, "split_halves_chunks"),
     (1, "split_project_fold"), (2, "split_project_fold_halves"), (4, "split_project_fold"),
-    (1, "split_outputs_halves"), (2, "split_outputs"), (4, "split_outputs_halves"),
-    (1, "split_single"), (2, "split_single_halves"), (4, "split_single_halves")]
+    (1, "split_outputs_halves"), (2, "split_outputs"), (4, "split_outputs_halves")]
 
 
 @pytest.mark.parametrize("ratio,route", STAGGER_CASES, ids=[f"{r}-{n}" for r, n in STAGGER_CASES])
@@ -209,7 +202,7 @@ def test_decode_across_flushes_staggered_and_padded(device, ratio, route):
 
 
 @pytest.mark.parametrize("route", ["fused", "fused_storage", "split", "split_pairs_fma",
-                                   "split_project_fold", "split_outputs", "split_single"])
+                                   "split_project_fold", "split_outputs"])
 @pytest.mark.parametrize("state,ring", [(BF16, BF16), (F32, BF16)], ids=["bf16", "f32-bf16ring"])
 def test_bf16_state_and_rings(device, state, ring, route):
     pool = Pool(device, state=state, ring=ring, L=4, seed=3, route=route)
@@ -267,8 +260,7 @@ def test_flush_only_then_decode(device, route):
 
 
 @pytest.mark.parametrize("route", ["split_pairs_fma", "split_project_fold_halves",
-                                   "split_outputs_halves", "split_single_halves",
-                                   "fused_storage"])
+                                   "split_outputs_halves", "fused_storage"])
 def test_decode_after_verify_wrapped_ring(device, route):
     """Decode on a pool the fused kernel verified: a verify flush moves
     origin (4 of a 6-entry ring), so the ring reads and the append wrap
@@ -313,7 +305,7 @@ def test_storage_order_covers_a_ring_wider_than_the_decode_window(device):
 
 
 @pytest.mark.parametrize("route", ["fused", "fused_storage", "split", "split_project_fold",
-                                   "split_outputs", "split_single"])
+                                   "split_outputs"])
 @pytest.mark.parametrize("target", ["u", "k", "g"])
 def test_corrupted_ring_entry_is_caught(device, route, target):
     """Teeth: one corrupted ring entry (a corrected value, a key, a log decay)
@@ -345,10 +337,8 @@ def stagger_fills(pools, device, L):
 
 @pytest.mark.parametrize("knobs", [dict(), dict(out_heads=2, fold_dot=False),
                                    dict(project_fold=True),
-                                   dict(project_fold=True, outputs_in_projection=True),
-                                   dict(project_fold=True, single_launch=True)],
-                         ids=["dot", "pairs_fma", "project_fold", "outputs_in_projection",
-                              "single_launch"])
+                                   dict(project_fold=True, outputs_in_projection=True)],
+                         ids=["dot", "pairs_fma", "project_fold", "outputs_in_projection"])
 def test_split_matches_fused_over_two_cycles(device, knobs):
     """The split route against the fused one on the same pool and inputs: two
     full buffer cycles from staggered cursors (every row flushes twice, at
