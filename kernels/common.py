@@ -137,8 +137,8 @@ def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
 
 def tile_eviction(cfg: SplitConfig) -> dict:
     """(A)'s L2 eviction hints (SplitConfig.keep_tile_in_l2): the checkpoint
-    tile read with evict_last, the flush's chunk re-reads (its last use) with
-    evict_first."""
+    tile read with evict_last, the flush's chunk re-reads (its last use) and
+    the folded chunks' stores with evict_first."""
     if cfg.keep_tile_in_l2:
         return {"TILE_EVICT": "evict_last", "RELOAD_EVICT": "evict_first"}
     return {"TILE_EVICT": "", "RELOAD_EVICT": ""}

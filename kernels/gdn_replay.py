@@ -507,7 +507,7 @@ def _gdn_split_projection_kernel(
             if BF16_TERMS > 0:  # this token's key, fp32 after its norm: not in the dot
                 hc += u_t[:, None] * kq[None, :]
             tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
-                     mask=m_rc)
+                     mask=m_rc, eviction_policy=RELOAD_EVICT)
 
 
 @triton.jit

@@ -457,7 +457,7 @@ def _mamba2_split_projection_kernel(
             h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION,
                       BF16_TERMS)
             tl.store(ckpt_ptr + tile + offs_c[None, :], h.to(ckpt_ptr.dtype.element_ty),
-                     mask=m_pc)
+                     mask=m_pc, eviction_policy=RELOAD_EVICT)
             if HAS_FOLD_COPY:
                 tl.store(fold_ptr + tile + offs_c[None, :], h.to(fold_ptr.dtype.element_ty),
                          mask=m_pc)
