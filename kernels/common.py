@@ -112,7 +112,6 @@ class SplitConfig(LaunchConfig):
     fold_bf16: bool = True
     overlap: bool = False
     outputs_in_projection: bool = False
-    keep_tile_in_l2: bool = False
 
 
 def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
@@ -133,15 +132,6 @@ def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
           "SplitConfig.outputs_in_projection needs project_fold (the outputs and the fold "
           "share (A)'s checkpoint tile)")
     return cfg
-
-
-def tile_eviction(cfg: SplitConfig) -> dict:
-    """(A)'s L2 eviction hints (SplitConfig.keep_tile_in_l2): the checkpoint
-    tile read with evict_last, the flush's chunk re-reads (its last use) and
-    the folded chunks' stores with evict_first."""
-    if cfg.keep_tile_in_l2:
-        return {"TILE_EVICT": "evict_last", "RELOAD_EVICT": "evict_first"}
-    return {"TILE_EVICT": "", "RELOAD_EVICT": ""}
 
 
 def interpreting() -> bool:

@@ -66,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (tile_eviction, ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
+from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
                      check_live_cursors, check_pool, dot_precision, let_dependents_launch,
                      overlap_launch, ring_block, ring_cumsum, ring_index, ring_positions,
                      softplus, split_config, split_step_cursors, wait_for_prior_launch)
@@ -369,7 +369,6 @@ def _gdn_split_projection_kernel(
     BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr, OUTPUTS: tl.constexpr,
-    TILE_EVICT: tl.constexpr, RELOAD_EVICT: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, v-head, BLOCK_R rows of V)
     projects its checkpoint tile onto the raw q_t and k_t (proj[row, 0/1]),
@@ -409,7 +408,7 @@ def _gdn_split_projection_kernel(
     m_rk = mask_r[:, None] & mask_k[None, :]
     ck_off = slot * s_ck_slot + hv * s_ck_head + offs_r[:, None] * s_ck_row + offs_k[None, :]
     # the tile's address depends on the slot only: issued right after it
-    h_in = tl.load(ckpt_ptr + ck_off, mask=m_rk, other=0.0, eviction_policy=TILE_EVICT)
+    h_in = tl.load(ckpt_ptr + ck_off, mask=m_rk, other=0.0)
     q_in = tl.load(qkv_ptr + row64 * s_qkv_row + hk * K + offs_k, mask=mask_k, other=0.0)
     k_in = tl.load(qkv_ptr + row64 * s_qkv_row + H * K + hk * K + offs_k, mask=mask_k,
                    other=0.0)
@@ -496,8 +495,7 @@ def _gdn_split_projection_kernel(
             offs_c = c + tl.arange(0, FOLD_COLS)
             mask_c = offs_c < K
             m_rc = mask_r[:, None] & mask_c[None, :]
-            hc = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_rc, other=0.0,
-                         eviction_policy=RELOAD_EVICT)
+            hc = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_rc, other=0.0)
             kc = tl.load(k_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
                          other=0.0)
             kq = tl.load(k_tok + offs_c, mask=mask_c, other=0.0).to(tl.float32) / n_k
@@ -507,7 +505,7 @@ def _gdn_split_projection_kernel(
             if BF16_TERMS > 0:  # this token's key, fp32 after its norm: not in the dot
                 hc += u_t[:, None] * kq[None, :]
             tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
-                     mask=m_rc, eviction_policy=RELOAD_EVICT)
+                     mask=m_rc)
 
 
 @triton.jit
@@ -932,7 +930,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K),
             BF16_TERMS=fold_bf16_terms(cfg.fold_bf16, checkpoint.dtype, k_buffer.dtype),
             USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
-            OUTPUTS=outputs, **tile_eviction(cfg), num_warps=cfg.num_warps,
+            OUTPUTS=outputs, num_warps=cfg.num_warps,
             **({"launch_pdl": True} if overlap and outputs else {}),
         )
         if outputs:

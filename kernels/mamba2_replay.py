@@ -63,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (tile_eviction, ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
+from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      check_fold_copy, check_live_cursors, check_pool, dot_precision,
                      let_dependents_launch, overlap_launch, ring_block, ring_cumsum,
                      ring_index, ring_positions, softplus, split_config, split_step_cursors,
@@ -336,7 +336,6 @@ def _mamba2_split_projection_kernel(
     FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, HAS_FOLD_COPY: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     OVERLAP: tl.constexpr, OUTPUTS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-    TILE_EVICT: tl.constexpr, RELOAD_EVICT: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, head, BLOCK_P rows of headdim)
     computes proj = h_c C_q from its checkpoint tile and, on the row's flush
@@ -377,8 +376,7 @@ def _mamba2_split_projection_kernel(
     m_pn = mask_p[:, None] & mask_n[None, :]
     tile = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p  # [BLOCK_P, 1]
     # the tile's address depends on the slot only: issued right after it
-    h_in = tl.load(ckpt_ptr + tile + offs_n[None, :], mask=m_pn, other=0.0,
-                   eviction_policy=TILE_EVICT)
+    h_in = tl.load(ckpt_ptr + tile + offs_n[None, :], mask=m_pn, other=0.0)
     row64 = row.to(tl.int64)
     C_q = tl.load(C_ptr + row64 * s_C_row + group * s_C_group + offs_n, mask=mask_n,
                   other=0.0).to(tl.float32)
@@ -448,8 +446,7 @@ def _mamba2_split_projection_kernel(
             if HAS_FOLD_COPY:  # the fold copy is the precise one
                 h = tl.load(fold_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
             else:
-                h = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0,
-                            eviction_policy=RELOAD_EVICT)
+                h = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
             Bs = tl.load(b_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
                          other=0.0)
             B_q = tl.load(b_tok + offs_c, mask=mask_c, other=0.0)
@@ -457,7 +454,7 @@ def _mamba2_split_projection_kernel(
             h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION,
                       BF16_TERMS)
             tl.store(ckpt_ptr + tile + offs_c[None, :], h.to(ckpt_ptr.dtype.element_ty),
-                     mask=m_pc, eviction_policy=RELOAD_EVICT)
+                     mask=m_pc)
             if HAS_FOLD_COPY:
                 tl.store(fold_ptr + tile + offs_c[None, :], h.to(fold_ptr.dtype.element_ty),
                          mask=m_pc)
@@ -906,7 +903,6 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
             HAS_FOLD_COPY=checkpoint_fold is not None, HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=dt_softplus, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
             OUTPUTS=outputs, HAS_D=D is not None, HAS_Z=z is not None,
-            **tile_eviction(cfg),
             num_warps=cfg.num_warps, **({"launch_pdl": True} if overlap and outputs else {}),
         )
         if outputs:

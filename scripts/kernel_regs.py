@@ -127,7 +127,7 @@ def mamba2_projection_case(sdt, cols, block=32, terms=None, outputs=False):
              "BF16_TERMS": terms,
              "HAS_FOLD_COPY": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
              "DOT_PRECISION": "tf32x3", "OVERLAP": False, "OUTPUTS": outputs,
-             "HAS_D": True, "HAS_Z": False, "TILE_EVICT": "", "RELOAD_EVICT": ""})
+             "HAS_D": True, "HAS_Z": False})
 
 
 def gdn_projection_case(sdt, cols, block=32, terms=None, outputs=False):
@@ -137,7 +137,7 @@ def gdn_projection_case(sdt, cols, block=32, terms=None, outputs=False):
             {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": 128, "FOLD_COLS": cols,
              "BF16_TERMS": terms,
              "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3", "OVERLAP": False,
-             "OUTPUTS": outputs, "TILE_EVICT": "", "RELOAD_EVICT": ""})
+             "OUTPUTS": outputs})
 
 
 def gdn_split_ptrs(sdt):

@@ -7,7 +7,7 @@ gpu__time_duration.sum -k regex:_gdn_split_projection python3 probe_flush_dram.p
 
 Launch 1 is a plain step (every row at fill 0), launch 2 a flush step
 (every row at fill L-1, a full ring of history). A second argument "keep"
-times SplitConfig.keep_tile_in_l2 (5611ce0 + stores, not kept)."""
+times SplitConfig.keep_tile_in_l2 (needs 68eaafb, reverted)."""
 import sys
 
 import torch
