@@ -18,6 +18,9 @@ pointers and every integer argument a multiple of 16. Without that, masks on run
 sizes block vectorisation and the counts are far too pessimistic. The real
 JIT can differ (e.g. a stride equal to 1 is specialised further): confirm the
 picked configs on the GPU (``kernel.n_regs`` / ``n_spills`` after a launch).
+Measured once: GDN's split projection (A) with the fold, fp32, 64 rows at 2
+warps, is 193 registers here and 168 as the GPU JIT built it (Nsight Compute on
+the H100, benchmarks/results/diag/2026-12-06-fourth/ncu_sections_fp32.txt).
 
 usage: python scripts/kernel_regs.py [mamba2|gdn ...]   (default: both;
        TRITON_INTERPRET must be unset)
