@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import dot_precision, interpreting
+from .common import dot_precision, interpreting, ring_index
 
 __all__ = ["fold_dot", "weighted_dot", "fold_bf16_terms", "gdn_recompute_values",
            "split_fold_kernel", "launch_split_fold"]
@@ -188,8 +188,7 @@ def split_fold_kernel(
             else:         # GDN: the ring holds the log decay g itself, weight 1
                 A = 1.0
             upto = offs_s <= fill
-            ring = origin + offs_s
-            ring = tl.where(ring >= capacity, ring - capacity, ring)
+            ring = ring_index(origin, offs_s, capacity)
             gs = tl.load(gbuf_ptr + slot * s_gb_slot + head * s_gb_head + ring,
                          mask=upto, other=0.0)
             if FOLD_DOT:
@@ -226,8 +225,7 @@ def split_fold_kernel(
                 run = total * 0.0
                 s = fill * 0
                 while s <= fill:
-                    r = origin + s
-                    r = tl.where(r >= capacity, r - capacity, r)
+                    r = ring_index(origin, s, capacity)
                     d = tl.load(gbuf_ptr + slot * s_gb_slot + head * s_gb_head + r)
                     run += d * A
                     ws = tl.exp(tl.minimum(total - run, 0.0))
