@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .cursors import max_positions, required_capacity
+# ring_index is re-exported: the kernels take their jit helpers from here
+from .cursors import max_positions, required_capacity, ring_index  # noqa: F401
 
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ACT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -198,14 +199,6 @@ def ring_block(buffer_len: int, window: int, capacity: int, storage_order: bool 
     if storage_order:
         n = max(n, capacity)
     return max(16, triton.next_power_of_2(n))
-
-
-@triton.jit
-def ring_index(origin, pos, capacity):
-    """The ring entry of logical position ``pos`` (0 <= pos < capacity, scalar
-    or vector): (origin + pos) % capacity, without the division."""
-    ring = origin + pos
-    return tl.where(ring >= capacity, ring - capacity, ring)
 
 
 @triton.jit

@@ -97,6 +97,14 @@ def commit_ref(fill, origin, slots, accepted, window, buffer_len, capacity, mode
 
 
 @triton.jit
+def ring_index(origin, pos, capacity):
+    """The ring entry of logical position ``pos`` (0 <= pos < capacity, scalar
+    or vector): (origin + pos) % capacity, without the division."""
+    ring = origin + pos
+    return tl.where(ring >= capacity, ring - capacity, ring)
+
+
+@triton.jit
 def _commit_kernel(fill_ptr, origin_ptr, slot_ptr, accepted_ptr, batch, buffer_len, capacity,
                    WINDOW: tl.constexpr, MODE: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -113,8 +121,7 @@ def _commit_kernel(fill_ptr, origin_ptr, slot_ptr, accepted_ptr, batch, buffer_l
         # memory safety: a count outside [0, T] would point past the window
         a = tl.minimum(tl.maximum(a, 0), WINDOW)
         flushed = f + WINDOW >= buffer_len
-        o_next = o + f
-        o_next = tl.where(o_next >= capacity, o_next - capacity, o_next)
+        o_next = ring_index(o, f, capacity)
         new_f = tl.where(flushed, a, f + a)
         new_o = tl.where(flushed, o_next, o)
     else:  # flush: everything folded
