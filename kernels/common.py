@@ -67,10 +67,6 @@ class SplitConfig(LaunchConfig):
     fold_cols     project_fold only: dstate / K columns folded at a time,
                   re-read from L2 (power of 2, >= 16), so that the fold does
                   not size (A)'s registers; 0 = all of them in one chunk
-    fold_stages   project_fold only: 0 = the fold's column chunks unrolled,
-                  each loaded, folded and stored in turn; n >= 1 = a loop that
-                  Triton's pipeliner runs with n stages (the next chunks'
-                  loads in flight during this one's MMAs)
     fold_bf16     project_fold only: where the key ring (Mamba-2: B, also
                   this token's B; GDN: k) is bf16, (A)'s fold dot runs as
                   bf16 MMAs on the weighted values split into 3 (fp32 state)
@@ -114,7 +110,6 @@ class SplitConfig(LaunchConfig):
     fold_dot: bool = True
     project_fold: bool = False
     fold_cols: int = 0
-    fold_stages: int = 0
     fold_bf16: bool = True
     overlap: bool = False
     outputs_in_projection: bool = False
@@ -132,8 +127,6 @@ def split_config(cfg: LaunchConfig, heads_per_group: int) -> SplitConfig:
           "SplitConfig.fold_block / fold_rows must be powers of 2")
     check(cfg.fold_cols == 0 or (cfg.fold_cols >= 16 and cfg.fold_cols & (cfg.fold_cols - 1) == 0),
           f"SplitConfig.fold_cols must be 0 or a power of 2 >= 16, got {cfg.fold_cols}")
-    check(cfg.fold_stages >= 0,
-          f"SplitConfig.fold_stages must be >= 0, got {cfg.fold_stages}")
     check(not cfg.overlap or cfg.project_fold,
           "SplitConfig.overlap needs project_fold (a (C) launch would follow (B))")
     check(not cfg.outputs_in_projection or cfg.project_fold,

@@ -367,9 +367,8 @@ def _gdn_split_projection_kernel(
     s_qkv_row, s_a_row, s_b_row, s_pr_row, s_pr_j, s_pr_head,
     s_w_row, s_w_head, s_o_row, s_o_head,
     BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    FOLD_COLS: tl.constexpr, FOLD_STAGES: tl.constexpr, BF16_TERMS: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr,
-    OUTPUTS: tl.constexpr,
+    FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, OVERLAP: tl.constexpr, OUTPUTS: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, v-head, BLOCK_R rows of V)
     projects its checkpoint tile onto the raw q_t and k_t (proj[row, 0/1]),
@@ -492,39 +491,21 @@ def _gdn_split_projection_kernel(
         tile = slot * s_ck_slot + hv * s_ck_head + offs_r[:, None] * s_ck_row
         k_ring = kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos
         k_tok = qkv_ptr + row64 * s_qkv_row + H * K + hk * K
-        # FOLD_STAGES (SplitConfig.fold_stages): 0 unrolls the chunks, each
-        # loaded, folded and stored in turn; n >= 1 lets Triton's pipeliner
-        # keep n chunks' loads in flight (a loop, not unrolled)
-        if FOLD_STAGES == 0:
-            for c in tl.static_range(0, BLOCK_K, FOLD_COLS):
-                _fold_key_cols(c, ckpt_ptr, tile, mask_r, k_ring, k_tok, K, n_k, is_hist,
-                               is_win, us, u_t, w_in, cum, upto, total, FOLD_COLS,
-                               DOT_PRECISION, BF16_TERMS)
-        else:
-            for c in tl.range(0, BLOCK_K, FOLD_COLS, num_stages=FOLD_STAGES):
-                _fold_key_cols(c, ckpt_ptr, tile, mask_r, k_ring, k_tok, K, n_k, is_hist,
-                               is_win, us, u_t, w_in, cum, upto, total, FOLD_COLS,
-                               DOT_PRECISION, BF16_TERMS)
-
-
-@triton.jit
-def _fold_key_cols(c, ckpt_ptr, tile, mask_r, k_ring, k_tok, K, n_k, is_hist, is_win, us, u_t,
-                   w_in, cum, upto, total, FOLD_COLS: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr, BF16_TERMS: tl.constexpr):
-    """(A)'s fold of key columns [c, c + FOLD_COLS) of its checkpoint tile:
-    read, fold the history and this token (normalised key, u_t) in, write
-    back."""
-    offs_c = c + tl.arange(0, FOLD_COLS)
-    mask_c = offs_c < K
-    m_rc = mask_r[:, None] & mask_c[None, :]
-    hc = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_rc, other=0.0)
-    kc = tl.load(k_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :], other=0.0)
-    kq = tl.load(k_tok + offs_c, mask=mask_c, other=0.0).to(tl.float32) / n_k
-    kc = tl.where(is_win[:, None], kq[None, :], kc.to(tl.float32))
-    hc = fold_dot(hc.to(tl.float32), us, kc, w_in, cum, upto, total, DOT_PRECISION, BF16_TERMS)
-    if BF16_TERMS > 0:  # this token's key, fp32 after its norm: not in the dot
-        hc += u_t[:, None] * kq[None, :]
-    tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty), mask=m_rc)
+        for c in tl.static_range(0, BLOCK_K, FOLD_COLS):
+            offs_c = c + tl.arange(0, FOLD_COLS)
+            mask_c = offs_c < K
+            m_rc = mask_r[:, None] & mask_c[None, :]
+            hc = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_rc, other=0.0)
+            kc = tl.load(k_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
+                         other=0.0)
+            kq = tl.load(k_tok + offs_c, mask=mask_c, other=0.0).to(tl.float32) / n_k
+            kc = tl.where(is_win[:, None], kq[None, :], kc.to(tl.float32))
+            hc = fold_dot(hc.to(tl.float32), us, kc, w_in, cum, upto, total, DOT_PRECISION,
+                          BF16_TERMS)
+            if BF16_TERMS > 0:  # this token's key, fp32 after its norm: not in the dot
+                hc += u_t[:, None] * kq[None, :]
+            tl.store(ckpt_ptr + tile + offs_c[None, :], hc.to(ckpt_ptr.dtype.element_ty),
+                     mask=m_rc)
 
 
 @triton.jit
@@ -946,7 +927,7 @@ def _launch_split(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
             proj.stride(0), proj.stride(1), proj.stride(2),
             weights.stride(0), weights.stride(1), out.stride(0), out.stride(1),
             BLOCK_S=BLOCK_S, BLOCK_R=cfg.block, BLOCK_K=BLOCK_K,
-            FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K), FOLD_STAGES=cfg.fold_stages,
+            FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K),
             BF16_TERMS=fold_bf16_terms(cfg.fold_bf16, checkpoint.dtype, k_buffer.dtype),
             USE_QK_L2NORM=use_qk_l2norm, DOT_PRECISION=dot_precision(), OVERLAP=overlap,
             OUTPUTS=outputs, num_warps=cfg.num_warps,

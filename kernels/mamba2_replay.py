@@ -333,8 +333,8 @@ def _mamba2_split_projection_kernel(
     s_pr_row, s_pr_head, s_A, s_dtb,
     s_w_row, s_w_head, s_z_row, s_z_head, s_o_row, s_o_head, s_D,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    FOLD_COLS: tl.constexpr, FOLD_STAGES: tl.constexpr, BF16_TERMS: tl.constexpr,
-    HAS_FOLD_COPY: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FOLD_COLS: tl.constexpr, BF16_TERMS: tl.constexpr, HAS_FOLD_COPY: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     OVERLAP: tl.constexpr, OUTPUTS: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
 ):
     """(A) with the fold: one program per (row, head, BLOCK_P rows of headdim)
@@ -439,43 +439,25 @@ def _mamba2_split_projection_kernel(
         cum = tl.cumsum(dt * A, axis=0)
         upto = offs_s <= fill
         total = tl.sum(tl.where(upto, dt * A, 0.0), axis=0)
-        # FOLD_STAGES (SplitConfig.fold_stages): 0 unrolls the chunks, each
-        # loaded, folded and stored in turn; n >= 1 lets Triton's pipeliner
-        # keep n chunks' loads in flight (a loop, not unrolled)
-        if FOLD_STAGES == 0:
-            for c in tl.static_range(0, BLOCK_N, FOLD_COLS):
-                _fold_state_cols(c, ckpt_ptr, fold_ptr, tile, mask_p, b_ring, b_tok, dstate,
-                                 is_hist, is_win, xs, dt, cum, upto, total, FOLD_COLS,
-                                 DOT_PRECISION, BF16_TERMS, HAS_FOLD_COPY)
-        else:
-            for c in tl.range(0, BLOCK_N, FOLD_COLS, num_stages=FOLD_STAGES):
-                _fold_state_cols(c, ckpt_ptr, fold_ptr, tile, mask_p, b_ring, b_tok, dstate,
-                                 is_hist, is_win, xs, dt, cum, upto, total, FOLD_COLS,
-                                 DOT_PRECISION, BF16_TERMS, HAS_FOLD_COPY)
-
-
-@triton.jit
-def _fold_state_cols(c, ckpt_ptr, fold_ptr, tile, mask_p, b_ring, b_tok, dstate, is_hist,
-                     is_win, xs, dt, cum, upto, total, FOLD_COLS: tl.constexpr,
-                     DOT_PRECISION: tl.constexpr, BF16_TERMS: tl.constexpr,
-                     HAS_FOLD_COPY: tl.constexpr):
-    """(A)'s fold of dstate columns [c, c + FOLD_COLS) of its checkpoint
-    tile: read (the fold copy where there is one: it is the precise one),
-    fold the history and this token in, write back to both copies."""
-    offs_c = c + tl.arange(0, FOLD_COLS)
-    mask_c = offs_c < dstate
-    m_pc = mask_p[:, None] & mask_c[None, :]
-    if HAS_FOLD_COPY:
-        h = tl.load(fold_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
-    else:
-        h = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
-    Bs = tl.load(b_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :], other=0.0)
-    B_q = tl.load(b_tok + offs_c, mask=mask_c, other=0.0)
-    Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
-    h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION, BF16_TERMS)
-    tl.store(ckpt_ptr + tile + offs_c[None, :], h.to(ckpt_ptr.dtype.element_ty), mask=m_pc)
-    if HAS_FOLD_COPY:
-        tl.store(fold_ptr + tile + offs_c[None, :], h.to(fold_ptr.dtype.element_ty), mask=m_pc)
+        for c in tl.static_range(0, BLOCK_N, FOLD_COLS):
+            offs_c = c + tl.arange(0, FOLD_COLS)
+            mask_c = offs_c < dstate
+            m_pc = mask_p[:, None] & mask_c[None, :]
+            if HAS_FOLD_COPY:  # the fold copy is the precise one
+                h = tl.load(fold_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
+            else:
+                h = tl.load(ckpt_ptr + tile + offs_c[None, :], mask=m_pc, other=0.0)
+            Bs = tl.load(b_ring + offs_c[None, :], mask=is_hist[:, None] & mask_c[None, :],
+                         other=0.0)
+            B_q = tl.load(b_tok + offs_c, mask=mask_c, other=0.0)
+            Bs = tl.where(is_win[:, None], B_q.to(tl.float32)[None, :], Bs.to(tl.float32))
+            h = _fold(h.to(tl.float32), xs, Bs, dt, cum, upto, total, DOT_PRECISION,
+                      BF16_TERMS)
+            tl.store(ckpt_ptr + tile + offs_c[None, :], h.to(ckpt_ptr.dtype.element_ty),
+                     mask=m_pc)
+            if HAS_FOLD_COPY:
+                tl.store(fold_ptr + tile + offs_c[None, :], h.to(fold_ptr.dtype.element_ty),
+                         mask=m_pc)
 
 
 @triton.jit
@@ -914,7 +896,7 @@ def _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
             weights.stride(0), weights.stride(1), zs.stride(0), zs.stride(1),
             out.stride(0), out.stride(1), D.stride(0) if D is not None else 0,
             BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
-            FOLD_COLS=min(cfg.fold_cols or BLOCK_N, BLOCK_N), FOLD_STAGES=cfg.fold_stages,
+            FOLD_COLS=min(cfg.fold_cols or BLOCK_N, BLOCK_N),
             BF16_TERMS=fold_bf16_terms(cfg.fold_bf16, (checkpoint if checkpoint_fold is None
                                                        else checkpoint_fold).dtype,
                                        B_buffer.dtype, B.dtype),

@@ -119,27 +119,26 @@ def serving_bf16_terms(sdt):
     return 3 if sdt == "fp32" else 2
 
 
-def mamba2_projection_case(sdt, cols, block=32, terms=None, outputs=False, stages=0):
+def mamba2_projection_case(sdt, cols, block=32, terms=None, outputs=False):
     """The split route's (A) with the flush folded in (project_fold); terms:
     BF16_TERMS (None: as served, bf16 B ring; 0: the tf32x3 dot); outputs:
-    SplitConfig.outputs_in_projection (D, no z, as Nemotron-H decodes);
-    stages: SplitConfig.fold_stages."""
+    SplitConfig.outputs_in_projection (D, no z, as Nemotron-H decodes)."""
     terms = serving_bf16_terms(sdt) if terms is None else terms
     ptr = f"*{sdt}"
     return (m2._mamba2_split_projection_kernel, dict(MAMBA2_PTRS, ckpt_ptr=ptr, fold_ptr=ptr),
             {"BLOCK_S": L, "BLOCK_P": block, "BLOCK_N": N, "FOLD_COLS": cols,
-             "FOLD_STAGES": stages, "BF16_TERMS": terms,
+             "BF16_TERMS": terms,
              "HAS_FOLD_COPY": False, "HAS_DT_BIAS": True, "DT_SOFTPLUS": True,
              "DOT_PRECISION": "tf32x3", "OVERLAP": False, "OUTPUTS": outputs,
              "HAS_D": True, "HAS_Z": False})
 
 
-def gdn_projection_case(sdt, cols, block=32, terms=None, outputs=False, stages=0):
+def gdn_projection_case(sdt, cols, block=32, terms=None, outputs=False):
     terms = serving_bf16_terms(sdt) if terms is None else terms
     ptr = f"*{sdt}"
     return (gdn._gdn_split_projection_kernel, dict(gdn_split_ptrs(sdt), ckpt_ptr=ptr),
             {"BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": 128, "FOLD_COLS": cols,
-             "FOLD_STAGES": stages, "BF16_TERMS": terms,
+             "BF16_TERMS": terms,
              "USE_QK_L2NORM": True, "DOT_PRECISION": "tf32x3", "OVERLAP": False,
              "OUTPUTS": outputs})
 
@@ -170,12 +169,6 @@ def mamba2():
                     report(f"(A) projection + fold {sdt} fold_cols={cols} "
                            f"bf16_terms={terms} block={block}",
                            *mamba2_projection_case(sdt, cols, block, terms), nw)
-    for sdt in state:  # fold_stages: the fold's chunk loop pipelined, serving tiles
-        for stages in (1, 2, 3):
-            for block, nw in ((64, 2), (64, 4), (32, 2)):
-                report(f"(A) projection + fold {sdt} fold_cols=32 fold_stages={stages} "
-                       f"block={block}",
-                       *mamba2_projection_case(sdt, 32, block, stages=stages), nw)
     for sdt in state:  # outputs_in_projection: (A) at the serving tiles, and (W)
         for block, nw in ((64, 2), (64, 4), (32, 4)):
             report(f"(A) projection + fold + outputs {sdt} block={block}",
@@ -224,11 +217,6 @@ def gdn_split():
                     report(f"GDN (A) projection + fold {sdt} fold_cols={cols} "
                            f"bf16_terms={terms} block={block}",
                            *gdn_projection_case(sdt, cols, block, terms), nw)
-        for stages in (1, 2, 3):  # fold_stages: the fold's chunk loop pipelined
-            for block, nw in ((64, 2), (64, 4), (32, 2)):
-                report(f"GDN (A) projection + fold {sdt} fold_cols=32 fold_stages={stages} "
-                       f"block={block}",
-                       *gdn_projection_case(sdt, 32, block, stages=stages), nw)
         for block, nw in ((64, 2), (64, 4), (32, 4)):
             report(f"GDN (A) projection + fold + outputs {sdt} block={block}",
                    *gdn_projection_case(sdt, 32, block, outputs=True), nw)

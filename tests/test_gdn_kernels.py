@@ -405,15 +405,13 @@ def test_project_fold_bf16_mma_matches_tf32x3(device, state, tol):
     assert flushed >= 2 * len(slots)
 
 
-@pytest.mark.parametrize("state,cols,stages", [(F32, 16, 0), (BF16, 32, 0), (F32, 16, 2)])
-def test_project_fold_in_column_chunks(device, state, cols, stages):
+@pytest.mark.parametrize("state,cols", [(F32, 16), (BF16, 32)])
+def test_project_fold_in_column_chunks(device, state, cols):
     """The projection's fold over K in chunks re-read from memory (fold_cols):
-    K=48 (BLOCK_K 64) in chunks of 16 (the last one masked) or 32, unrolled
-    or as a pipelined loop (fold_stages), staggered cursors, a padded row,
-    >= 2 flushes per row."""
+    K=48 (BLOCK_K 64) in chunks of 16 (the last one masked) or 32, staggered
+    cursors, a padded row, >= 2 flushes per row."""
     pool = Pool(device, K=48, L=4, seed=23, state=state, ring=state, route="split")
-    pool.config = SplitConfig(block=16, num_warps=2, project_fold=True, fold_cols=cols,
-                              fold_stages=stages)
+    pool.config = SplitConfig(block=16, num_warps=2, project_fold=True, fold_cols=cols)
     decode_steps(pool, torch.tensor([3], dtype=torch.int32, device=device), 2)  # stagger
     slots = torch.tensor([3, -1, 1], dtype=torch.int32, device=device)
     assert decode_steps(pool, slots, 9) >= 2 * 2

@@ -451,15 +451,11 @@ def test_project_fold_bf16_mma_matches_tf32x3(device, state, tol):
     Cfg(P=24, route="split", config=PROJECT_FOLD + (("fold_cols", 16),)),
     Cfg(P=40, state=BF16, fold=True, layout="sglang", route="split",
         config=PROJECT_FOLD + (("fold_cols", 32), BP16)),
-    Cfg(P=24, route="split", config=PROJECT_FOLD + (("fold_cols", 16), ("fold_stages", 2))),
-    Cfg(P=40, state=BF16, fold=True, layout="sglang", route="split",
-        config=PROJECT_FOLD + (("fold_cols", 16), ("fold_stages", 2), BP16)),
 ], ids=lambda c: c.id)
 def test_project_fold_in_column_chunks(device, cfg):
     """The projection's fold over dstate in chunks re-read from memory
     (fold_cols): N=48 (BLOCK_N 64) in chunks of 16 (the last one masked) or
-    32, unrolled or as a pipelined loop (fold_stages), every fill level, >= 2
-    flushes per row, staggered, one padded row."""
+    32, every fill level, >= 2 flushes per row, staggered, one padded row."""
     L = 4
     pool = Pool(device, cfg, seed=21, S=6, L=L, N=48)
     pool.step([2, -1], MODE_DECODE)  # stagger
