@@ -300,9 +300,8 @@ def _gdn_replay_kernel(
                 bwin = tl.where(pos == q_pos, beta, bwin)
             tl.store(out_ptr + row * s_o_row + j * s_o_t + hv * s_o_head + offs_v,
                      o_j.to(out_ptr.dtype.element_ty), mask=mask_v)
-            # append this token's key (at ring index origin + fill + j)
-            r_j = origin + fill + j
-            r_j = tl.where(r_j >= capacity, r_j - capacity, r_j)
+            # append this token's key at logical position fill + j
+            r_j = ring_index(origin, fill + j, capacity)
             tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + r_j * s_kb_pos + offs_k,
                      k_j.to(kbuf_ptr.dtype.element_ty), mask=mask_k & k_writer & (j < n_write))
         if flush:
