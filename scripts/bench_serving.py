@@ -51,7 +51,8 @@ import urllib.error
 import urllib.request
 
 # the flag vocabulary of the replayssm arm, from the package it serves with
-from sglang_replayssm.config import CHECKPOINT_DTYPES, DECODE_ROUTES, DUMMY_INIT_ENV
+from sglang_replayssm.config import (CHECKPOINT_DTYPES, DECODE_ROUTES, DUMMY_INIT_ENV,
+                                     NATIVE_FP32_OPS_ENV)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -559,10 +560,12 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
     tag = f"{args.model}_{label}"
     os.makedirs(args.log_dir, exist_ok=True)
     result_file = os.path.join(args.log_dir, f"bench_{tag}.jsonl")
+    # fp32 activations: SGLang's own --dtype, before --server-args (which may
+    # still override it or pick an attention backend that serves fp32)
+    extra = (["--dtype", "float32"] if args.fp32_activations else []) + shlex.split(args.server_args)
     launch = server_command(args.model_path, family, arm, port=args.port,
                             buffer_len=args.buffer_len, checkpoint_dtype=args.checkpoint_dtype,
-                            decode_route=decode_route,
-                            extra_args=shlex.split(args.server_args))
+                            decode_route=decode_route, extra_args=extra)
     bench = bench_command(args.model_path, url, batch_sizes=args.batch_sizes,
                           input_len=args.input_len, output_len=args.output_len,
                           result_file=result_file)
@@ -572,6 +575,7 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
               "command": " ".join(["python"] + [shlex.quote(a) for a in sys.argv]),
               "launch_command": shlex.join(launch), "bench_command": shlex.join(bench),
               "dummy_init": args.dummy_init,
+              "activations": "float32" if args.fp32_activations else "model",
               **env, "rows": [], "parity": None, "error": None}
     log(f"{tag}: launch: {shlex.join(launch)}")
     try:
@@ -579,6 +583,9 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
         server_env.pop(DUMMY_INIT_ENV, None)
         if args.dummy_init == "scaled":
             server_env[DUMMY_INIT_ENV] = "scaled"
+        server_env.pop(NATIVE_FP32_OPS_ENV, None)
+        if args.fp32_activations:
+            server_env[NATIVE_FP32_OPS_ENV] = "1"
         with Server(launch, os.path.join(args.log_dir, f"server_{tag}.log"),
                     env=server_env) as server:
             record["healthy_after_s"] = round(server.wait_healthy(url, args.health_timeout), 1)
@@ -752,6 +759,7 @@ def merge_parity(records: list[dict]) -> list[dict]:
             entry["stock_arm"] = ref
             entry["noise_floor"] = not (arm == REPLAY_ARM or arm.startswith(REPLAY_ARM + "-"))
             entry["dummy_init"] = dumps[arm].get("dummy_init", "sglang")
+            entry["activations"] = dumps[arm].get("activations", "model")
             entries.append(entry)
         for arm in sorted(dumps):
             floor = dumps[arm].get("parity_floor")
@@ -761,7 +769,8 @@ def merge_parity(records: list[dict]) -> list[dict]:
             entry = compare_parity(dumps[arm]["parity"], floor, model=model,
                                    checkpoint_dtype=dumps[arm].get("checkpoint_dtype"))
             entry.update(arm=f"{arm} in groups of {floor['group']}", stock_arm=f"{arm} batched",
-                         noise_floor=True, dummy_init=dumps[arm].get("dummy_init", "sglang"))
+                         noise_floor=True, dummy_init=dumps[arm].get("dummy_init", "sglang"),
+                         activations=dumps[arm].get("activations", "model"))
             entries.append(entry)
     return entries
 
@@ -825,10 +834,10 @@ def markdown(doc: dict) -> str:
                   "Rows marked *noise floor* compare two stock configurations, or an arm with "
                   "itself at another batch composition: the divergence a different fp32 "
                   "rounding order alone causes on this model.", "",
-                  "| model | arm | checkpoint dtype | vs | dummy init | prompts x tokens | "
-                  "identical | median tokens before divergence | first divergence | "
-                  "max logprob diff before it | informative |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| model | arm | checkpoint dtype | vs | dummy init | activations | "
+                  "prompts x tokens | identical | median tokens before divergence | "
+                  "first divergence | max logprob diff before it | informative |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in doc["greedy_parity"]:
             fd = p["first_divergence"]
             fd_text = "none" if fd is None else (
@@ -837,7 +846,8 @@ def markdown(doc: dict) -> str:
             arm = p.get("arm", REPLAY_ARM) + (" (noise floor)" if p.get("noise_floor") else "")
             lines.append(f"| {p['model']} | {arm} | {p['checkpoint_dtype'] or '–'} | "
                          f"{p['stock_arm']} | "
-                         f"{p.get('dummy_init', 'sglang')} | {p['prompts']} x {p['tokens']} | "
+                         f"{p.get('dummy_init', 'sglang')} | {p.get('activations', 'model')} | "
+                         f"{p['prompts']} x {p['tokens']} | "
                          f"{p['identical_prompts']} | {_fmt(p.get('median_agreeing_tokens'))} | "
                          f"{fd_text} | "
                          f"{_fmt(p.get('max_logprob_diff_before_divergence'), 4)} | "
@@ -931,6 +941,14 @@ def main(argv=None) -> int:
                      help="scaled: dummy weights at trained-model scale in every arm "
                           "(sglang_replayssm.dummy_init; needed for a greedy parity that "
                           "depends on the SSM layers)")
+    run.add_argument("--fp32-activations", action="store_true",
+                     help="serve every arm with --dtype float32 and SGLang's norm, activation "
+                          "and rotary ops on their PyTorch path for fp32 input (sgl-kernel's "
+                          "have no fp32; test knob %s=1): a greedy parity without bf16 "
+                          "rounding amplifying the SSM's fp32 rounding order. Nemotron-H "
+                          "also needs an attention backend that takes fp32, e.g. "
+                          "--server-args '--attention-backend torch_native --disable-cuda-graph'"
+                          % NATIVE_FP32_OPS_ENV)
     run.add_argument("--parity-prompts", type=int, default=64)
     run.add_argument("--parity-tokens", type=int, default=128)
     run.add_argument("--parity-floor-group", type=int, default=0, metavar="N",

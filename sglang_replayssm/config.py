@@ -22,6 +22,11 @@ DECODE_ROUTES = ("auto", "output_only", "split")
 # Test knob, read by sglang_replayssm.plugin in every process, stock or not:
 # "scaled" = dummy weights at trained-model scale (sglang_replayssm.dummy_init).
 DUMMY_INIT_ENV = ENV_PREFIX + "DUMMY_INIT"
+# Test knob, read the same way: "1" = SGLang's norm, activation and rotary ops
+# take their own PyTorch path for fp32 input (sgl-kernel's CUDA kernels for
+# them dispatch fp16/bf16 only), so `--dtype float32` serves: greedy parity
+# without bf16 rounding amplifying the SSM's fp32 rounding differences.
+NATIVE_FP32_OPS_ENV = ENV_PREFIX + "NATIVE_FP32_OPS"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ import logging
 import os
 
 from sglang_replayssm.config import (CHECKPOINT_DTYPES, DECODE_ROUTES, DUMMY_INIT_ENV, FAMILY_ENV,
-                                     ReplayConfig)
+                                     NATIVE_FP32_OPS_ENV, ReplayConfig)
 
 logger = logging.getLogger("sglang_replayssm")
 
@@ -266,6 +266,56 @@ def install_dummy_init_hook() -> None:
 
     _patch(loader, "initialize_dummy_weights", initialize_dummy_weights)
     logger.info("dummy weights: trained-model scale (%s=scaled)", DUMMY_INIT_ENV)
+
+
+# --------------------------------------------------------------------------
+# Test knob: fp32 activations (`--dtype float32`) for greedy-parity runs.
+# With bf16 activations a 1e-7 difference in the SSM's fp32 rounding flips
+# bf16 roundings downstream and greedy tokens of a random-weight model diverge
+# within tens of steps, stock against itself included (benchmarks/NOTES.md).
+# SGLang 0.5.17 cannot serve these models in fp32 as shipped: the CUDA paths
+# of these MultiPlatformOps call sgl-kernel / flashinfer kernels that dispatch
+# fp16/bf16 only (gemma_rmsnorm: "failed to dispatch data type Float"). Each
+# op binds its forward_cuda at construction (srt/layers/utils/multi_platform.py:38),
+# so the class attribute is wrapped before the model is built: fp32 input
+# takes the op's own forward_native, anything else the unchanged CUDA path.
+# Installed in every process with SGLANG_REPLAYSSM_NATIVE_FP32_OPS=1, stock or
+# not, so both arms of a comparison compute these ops the same way.
+# --------------------------------------------------------------------------
+
+NATIVE_FP32_OPS = (
+    ("sglang.srt.layers.layernorm", "RMSNorm"),                  # layernorm.py:405
+    ("sglang.srt.layers.layernorm", "GemmaRMSNorm"),             # layernorm.py:922
+    ("sglang.srt.layers.activation", "SiluAndMul"),              # activation.py:142
+    ("sglang.srt.layers.activation", "GeluAndMul"),              # activation.py:244
+    ("sglang.srt.layers.rotary_embedding.base", "RotaryEmbedding"),  # base.py:363
+)
+
+
+def _native_for_fp32(forward_cuda):
+    import torch
+
+    def forward(self, *args, **kwargs):
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if any(t.dtype == torch.float32 for t in tensors):
+            return self.forward_native(*args, **kwargs)
+        return forward_cuda(self, *args, **kwargs)
+
+    forward.__wrapped__ = forward_cuda
+    return forward
+
+
+def install_native_fp32_ops_hook() -> list[str]:
+    import importlib
+
+    patched = []
+    for module, name in NATIVE_FP32_OPS:
+        cls = getattr(importlib.import_module(module), name)
+        _patch(cls, "forward_cuda", _native_for_fp32(cls.__dict__["forward_cuda"]))
+        patched.append(name)
+    logger.info("fp32 input takes the PyTorch path of %s (%s=1)", ", ".join(patched),
+                NATIVE_FP32_OPS_ENV)
+    return patched
 
 
 def uninstall_all() -> None:

@@ -1,0 +1,102 @@
+"""The fp32-activation test knob (SGLANG_REPLAYSSM_NATIVE_FP32_OPS=1): fp32
+input reaches the op's own PyTorch path, other dtypes the unchanged CUDA path,
+and uninstall restores SGLang."""
+import types
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.layers.layernorm")
+
+from sglang.srt.layers import activation, layernorm  # noqa: E402
+from sglang.srt.layers.rotary_embedding import base as rotary  # noqa: E402
+
+from sglang_replayssm import config, plugin, sglang_hooks  # noqa: E402
+
+
+@pytest.fixture
+def cuda_paths(monkeypatch):
+    """Stand-ins for the CUDA paths (sgl-kernel is not importable here): each
+    records the dtype it was called with and returns a marker."""
+    calls = []
+
+    def fake(name):
+        def forward_cuda(self, *args, **kwargs):
+            calls.append((name, args[0].dtype if name != "RotaryEmbedding" else args[1].dtype))
+            return "cuda"
+        return forward_cuda
+
+    for module, name in sglang_hooks.NATIVE_FP32_OPS:
+        cls = {"RMSNorm": layernorm.RMSNorm, "GemmaRMSNorm": layernorm.GemmaRMSNorm,
+               "SiluAndMul": activation.SiluAndMul, "GeluAndMul": activation.GeluAndMul,
+               "RotaryEmbedding": rotary.RotaryEmbedding}[name]
+        monkeypatch.setattr(cls, "forward_cuda", fake(name))
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.delenv("SGLANG_REPLAYSSM_ENABLED", raising=False)
+    monkeypatch.delenv(config.DUMMY_INIT_ENV, raising=False)
+    yield calls
+    sglang_hooks.uninstall_all()  # back to the stand-ins; monkeypatch then to SGLang's
+
+
+def test_fp32_takes_the_native_path_and_others_the_cuda_path(cuda_paths, monkeypatch):
+    monkeypatch.setenv(config.NATIVE_FP32_OPS_ENV, "1")
+    plugin.register()
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 64, generator=g)
+
+    norm = layernorm.GemmaRMSNorm(64, eps=1e-6)
+    norm.weight.data.normal_(0.0, 0.1, generator=g)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + norm.weight)
+    torch.testing.assert_close(norm.forward_cuda(x), want, rtol=1e-6, atol=1e-6)
+    # the fused-add form returns (normed x + residual, x + residual)
+    r = torch.randn(5, 64, generator=g)
+    out, res = norm.forward_cuda(x.clone(), r.clone())
+    torch.testing.assert_close(res, x + r)
+    assert norm.forward_cuda(x.bfloat16()) == "cuda"
+
+    rms = layernorm.RMSNorm(64, eps=1e-6)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(rms.forward_cuda(x), want, rtol=1e-6, atol=1e-6)
+    assert rms.forward_cuda(x.half()) == "cuda"
+
+    # its constructor reads the server's config namespace; the ops need nothing of it
+    act = activation.SiluAndMul.__new__(activation.SiluAndMul)
+    torch.nn.Module.__init__(act)
+    torch.testing.assert_close(act.forward_cuda(x),
+                               torch.nn.functional.silu(x[:, :32]) * x[:, 32:])
+    assert act.forward_cuda(x.bfloat16()) == "cuda"
+
+    # its constructor reads the server's exec config (deterministic mode: off)
+    # and picks a kernel by platform (this CPU torch is none it knows)
+    monkeypatch.setattr(rotary, "get_exec", lambda: types.SimpleNamespace(
+        deterministic=types.SimpleNamespace(rl_on_policy_target=None)))
+    monkeypatch.setattr(rotary, "_is_cpu", True)
+    rope = rotary.RotaryEmbedding(64, 64, 128, 10000, True, torch.float32)
+    pos = torch.arange(5)
+    q, k = torch.randn(5, 2 * 64, generator=g), torch.randn(5, 64, generator=g)
+    q_nat, k_nat = rope.forward_native(pos, q.clone(), k.clone())
+    q_out, k_out = rope.forward_cuda(pos, q.clone(), k.clone())
+    torch.testing.assert_close(q_out, q_nat)
+    torch.testing.assert_close(k_out, k_nat)
+    assert not torch.allclose(q_out[1:], q[1:])  # the rotation did something
+    assert rope.forward_cuda(pos, q.bfloat16(), k.bfloat16()) == "cuda"
+
+    assert [dt for _, dt in cuda_paths] == [torch.bfloat16, torch.float16, torch.bfloat16,
+                                            torch.bfloat16]
+
+
+def test_uninstall_restores_and_bad_value_is_refused(cuda_paths, monkeypatch):
+    before = layernorm.GemmaRMSNorm.__dict__["forward_cuda"]
+    monkeypatch.setenv(config.NATIVE_FP32_OPS_ENV, "1")
+    plugin.register()
+    assert layernorm.GemmaRMSNorm.__dict__["forward_cuda"] is not before
+    sglang_hooks.uninstall_all()
+    assert layernorm.GemmaRMSNorm.__dict__["forward_cuda"] is before
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setenv(config.NATIVE_FP32_OPS_ENV, "yes")
+    with pytest.raises(ValueError, match="SGLANG_REPLAYSSM_NATIVE_FP32_OPS must be"):
+        plugin.register()
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setenv(config.NATIVE_FP32_OPS_ENV, "0")
+    plugin.register()
+    assert layernorm.GemmaRMSNorm.__dict__["forward_cuda"] is before
