@@ -515,3 +515,48 @@ def test_repeats_bench_the_same_server_and_keep_the_median(models, tmp_path, mon
     with pytest.raises(SystemExit, match="--repeats must be >= 1"):
         bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--repeats", "0",
                  "--partial-dir", str(tmp_path)])
+
+
+def test_fp32_activations_reach_every_arms_launch_and_env(models, tmp_path, monkeypatch):
+    """--fp32-activations: --dtype float32 before --server-args (which may
+    override it), the native-fp32-ops knob in the server's environment only
+    when asked, and the partial and parity rows say which activations ran."""
+    launched = []
+
+    class FakeServer:
+        def __init__(self, cmd, log_path, env=None):
+            launched.append((cmd, env))
+
+        def __enter__(self):
+            raise RuntimeError("not started in this test")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(bs, "Server", FakeServer)
+    knob = bs.NATIVE_FP32_OPS_ENV
+    monkeypatch.setenv(knob, "1")  # a stale knob is not inherited
+    root = os.path.dirname(models["nemotron-h-8b"])
+    common = ["run", "--model", "nemotron-h-8b", "--model-root", root, "--batch-sizes", "64",
+              "--partial-dir", str(tmp_path), "--log-dir", str(tmp_path)]
+    bs.main(common + ["--arms", "stock-triton", "replayssm", "--fp32-activations",
+                      "--server-args", "--attention-backend torch_native --disable-cuda-graph"])
+    bs.main(common + ["--arms", "stock-triton"])
+    (c1, e1), (c2, e2), (c3, e3) = launched
+    for cmd, env in ((c1, e1), (c2, e2)):
+        assert cmd[cmd.index("--dtype") + 1] == "float32"
+        assert cmd.index("--dtype") < cmd.index("--disable-cuda-graph")
+        last = max(i for i, a in enumerate(cmd) if a == "--attention-backend")
+        assert cmd[last + 1] == "torch_native"  # --server-args come last, so they win
+        assert env[knob] == "1"
+    assert "--dtype" not in c3 and knob not in e3
+    rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
+    assert rec["activations"] == "model"  # the second invocation overwrote the first
+    recs = [_partial("q", "gdn", "stock-triton", {64: 1.0}, parity=STOCK_DUMP, activations="float32"),
+            _partial("q", "gdn", "replayssm", {64: 1.0}, parity=STOCK_DUMP, dtype="auto",
+                     activations="float32")]
+    (entry,) = bs.merge_parity(recs)
+    assert entry["activations"] == "float32"
+    md = bs.markdown({"command": "c", "git_commit": "abc", "gpu": "g", "versions": {},
+                      "created": "t", "rows": [], "runs": [], "greedy_parity": [entry]})
+    assert "| sglang | float32 |" in md
