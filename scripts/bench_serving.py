@@ -532,6 +532,9 @@ def profile_arm(args, url: str, tag: str) -> dict:
     return summary
 
 
+# SGLang's environment variable for the dtype of the Mamba-2 / GDN conv state
+MAMBA_CONV_DTYPE_ENV = "SGLANG_MAMBA_CONV_DTYPE"
+
 # what a partial keeps of each run when --repeats > 1
 REPEAT_KEYS = ("batch", "output_tok_s", "itl_ms", "ttft_s", "step_ms")
 
@@ -586,6 +589,10 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
         server_env.pop(NATIVE_FP32_OPS_ENV, None)
         if args.fp32_activations:
             server_env[NATIVE_FP32_OPS_ENV] = "1"
+            # SGLang's conv-state dtype (srt/configs/mamba_utils.py:68, default
+            # bf16): the Triton causal_conv1d does not compile for fp32
+            # activations against a bf16 conv state
+            server_env[MAMBA_CONV_DTYPE_ENV] = "float32"
         with Server(launch, os.path.join(args.log_dir, f"server_{tag}.log"),
                     env=server_env) as server:
             record["healthy_after_s"] = round(server.wait_healthy(url, args.health_timeout), 1)
@@ -942,7 +949,8 @@ def main(argv=None) -> int:
                           "(sglang_replayssm.dummy_init; needed for a greedy parity that "
                           "depends on the SSM layers)")
     run.add_argument("--fp32-activations", action="store_true",
-                     help="serve every arm with --dtype float32 and SGLang's norm, activation "
+                     help="serve every arm with --dtype float32, fp32 conv states "
+                          "(SGLANG_MAMBA_CONV_DTYPE) and SGLang's norm, activation "
                           "and rotary ops on their PyTorch path for fp32 input (sgl-kernel's "
                           "have no fp32; test knob %s=1): a greedy parity without bf16 "
                           "rounding amplifying the SSM's fp32 rounding order. Nemotron-H "

@@ -548,7 +548,7 @@ def test_fp32_activations_reach_every_arms_launch_and_env(models, tmp_path, monk
         assert cmd.index("--dtype") < cmd.index("--disable-cuda-graph")
         last = max(i for i, a in enumerate(cmd) if a == "--attention-backend")
         assert cmd[last + 1] == "torch_native"  # --server-args come last, so they win
-        assert env[knob] == "1"
+        assert env[knob] == "1" and env[bs.MAMBA_CONV_DTYPE_ENV] == "float32"
     assert "--dtype" not in c3 and knob not in e3
     rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
     assert rec["activations"] == "model"  # the second invocation overwrote the first
