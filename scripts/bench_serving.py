@@ -805,6 +805,14 @@ def _fmt(v, nd=1):
     return f"{v:.{nd}f}" if isinstance(v, float) else str(v)
 
 
+def _fmt_small(v):
+    """A logprob difference: 4 decimals, or 2 significant digits below 1e-3
+    (an fp32-activation parity's 3e-5 is not 0.0000)."""
+    if isinstance(v, float) and 0 < abs(v) < 1e-3:
+        return f"{v:.2g}"
+    return _fmt(v, 4)
+
+
 def _short_commits(commits: str) -> str:
     """'sha1,sha2' (one per run, see merge) -> 'sha1[:12], sha2[:12]'."""
     return ", ".join(c[:12] for c in commits.split(","))
@@ -857,7 +865,7 @@ def markdown(doc: dict) -> str:
                          f"{p['prompts']} x {p['tokens']} | "
                          f"{p['identical_prompts']} | {_fmt(p.get('median_agreeing_tokens'))} | "
                          f"{fd_text} | "
-                         f"{_fmt(p.get('max_logprob_diff_before_divergence'), 4)} | "
+                         f"{_fmt_small(p.get('max_logprob_diff_before_divergence'))} | "
                          f"{'yes' if p.get('informative', True) else 'no'} |")
         lines.append("")
         lines += [f"- {p['model']}: {p['note']}" for p in doc["greedy_parity"] if p.get("note")]

@@ -560,3 +560,5 @@ def test_fp32_activations_reach_every_arms_launch_and_env(models, tmp_path, monk
     md = bs.markdown({"command": "c", "git_commit": "abc", "gpu": "g", "versions": {},
                       "created": "t", "rows": [], "runs": [], "greedy_parity": [entry]})
     assert "| sglang | float32 |" in md
+    assert bs._fmt_small(3.3855e-05) == "3.4e-05" and bs._fmt_small(0.0123) == "0.0123"
+    assert bs._fmt_small(0.0) == "0.0000" and bs._fmt_small(None) == "–"
