@@ -24,8 +24,9 @@ DECODE_ROUTES = ("auto", "output_only", "split")
 DUMMY_INIT_ENV = ENV_PREFIX + "DUMMY_INIT"
 # Test knob, read the same way: "1" = SGLang's norm, activation and rotary ops
 # take their own PyTorch path for fp32 input (sgl-kernel's CUDA kernels for
-# them dispatch fp16/bf16 only), so `--dtype float32` serves: greedy parity
-# without bf16 rounding amplifying the SSM's fp32 rounding differences.
+# them dispatch fp16/bf16 only) and its GDN chunk prefill runs fp32 input on
+# bf16 copies of q/k/v, so `--dtype float32` serves: greedy parity without
+# bf16 rounding amplifying the SSM's fp32 rounding differences.
 NATIVE_FP32_OPS_ENV = ENV_PREFIX + "NATIVE_FP32_OPS"
 
 

@@ -279,6 +279,8 @@ def install_dummy_init_hook() -> None:
 # op binds its forward_cuda at construction (srt/layers/utils/multi_platform.py:38),
 # so the class attribute is wrapped before the model is built: fp32 input
 # takes the op's own forward_native, anything else the unchanged CUDA path.
+# The GDN chunk prefill has no PyTorch path: it runs fp32 input on bf16
+# copies of q/k/v (Qwen3-Next; untested on the GPU as of 2026-12-06).
 # Installed in every process with SGLANG_REPLAYSSM_NATIVE_FP32_OPS=1, stock or
 # not, so both arms of a comparison compute these ops the same way.
 # --------------------------------------------------------------------------
@@ -305,6 +307,26 @@ def _native_for_fp32(forward_cuda):
     return forward
 
 
+def _gdn_chunk_in_bf16_for_fp32(chunk_gated_delta_rule):
+    """SGLang's GDN chunk prefill (kernels/ops/attention/fla/chunk.py:211)
+    refuses fp32 q/k/v and has no PyTorch path: for fp32 input it runs on
+    bf16 copies of q, k, v (g, beta and the state stay fp32, as in a bf16
+    server) and its output is returned as fp32. Prefill is this stock kernel
+    in both arms of a comparison, so both start decoding from the same state."""
+    import torch
+
+    def chunk(*args, **kwargs):
+        if kwargs.get("q") is not None and kwargs["q"].dtype == torch.float32 and not args:
+            for name in ("q", "k", "v"):
+                kwargs[name] = kwargs[name].to(torch.bfloat16)
+            o, *rest = chunk_gated_delta_rule(**kwargs)
+            return (o.float(), *rest)
+        return chunk_gated_delta_rule(*args, **kwargs)
+
+    chunk.__wrapped__ = chunk_gated_delta_rule
+    return chunk
+
+
 def install_native_fp32_ops_hook() -> list[str]:
     import importlib
 
@@ -313,6 +335,12 @@ def install_native_fp32_ops_hook() -> list[str]:
         cls = getattr(importlib.import_module(module), name)
         _patch(cls, "forward_cuda", _native_for_fp32(cls.__dict__["forward_cuda"]))
         patched.append(name)
+    # srt/layers/attention/linear/kernels/gdn_triton.py:9 imports it by name
+    # and TritonGDNKernel.extend calls it with keywords (:188)
+    gdn_triton = importlib.import_module("sglang.srt.layers.attention.linear.kernels.gdn_triton")
+    _patch(gdn_triton, "chunk_gated_delta_rule",
+           _gdn_chunk_in_bf16_for_fp32(gdn_triton.__dict__["chunk_gated_delta_rule"]))
+    patched.append("chunk_gated_delta_rule (bf16 q/k/v)")
     logger.info("fp32 input takes the PyTorch path of %s (%s=1)", ", ".join(patched),
                 NATIVE_FP32_OPS_ENV)
     return patched

@@ -9,6 +9,7 @@ import torch
 pytest.importorskip("sglang.srt.layers.layernorm")
 
 from sglang.srt.layers import activation, layernorm  # noqa: E402
+from sglang.srt.layers.attention.linear.kernels import gdn_triton  # noqa: E402
 from sglang.srt.layers.rotary_embedding import base as rotary  # noqa: E402
 
 from sglang_replayssm import config, plugin, sglang_hooks  # noqa: E402
@@ -31,6 +32,12 @@ def cuda_paths(monkeypatch):
                "SiluAndMul": activation.SiluAndMul, "GeluAndMul": activation.GeluAndMul,
                "RotaryEmbedding": rotary.RotaryEmbedding}[name]
         monkeypatch.setattr(cls, "forward_cuda", fake(name))
+
+    def chunk_gated_delta_rule(**kw):
+        calls.append(("chunk", {n: kw[n].dtype for n in ("q", "k", "v", "g", "beta")}))
+        return kw["v"] * 2, "final_state"
+
+    monkeypatch.setattr(gdn_triton, "chunk_gated_delta_rule", chunk_gated_delta_rule)
     monkeypatch.setattr(plugin, "_registered", False)
     monkeypatch.delenv("SGLANG_REPLAYSSM_ENABLED", raising=False)
     monkeypatch.delenv(config.DUMMY_INIT_ENV, raising=False)
@@ -100,3 +107,26 @@ def test_uninstall_restores_and_bad_value_is_refused(cuda_paths, monkeypatch):
     monkeypatch.setenv(config.NATIVE_FP32_OPS_ENV, "0")
     plugin.register()
     assert layernorm.GemmaRMSNorm.__dict__["forward_cuda"] is before
+
+
+def test_gdn_chunk_prefill_runs_fp32_input_on_bf16_copies(cuda_paths, monkeypatch):
+    """SGLang's chunk kernel refuses fp32 q/k/v: with the knob it gets bf16
+    copies of q, k, v (g, beta and the state untouched) and returns fp32."""
+    monkeypatch.setenv(config.NATIVE_FP32_OPS_ENV, "1")
+    plugin.register()
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 6, 2, 4, generator=g) for _ in range(3))
+    gate, beta = torch.randn(1, 6, 2, generator=g), torch.rand(1, 6, 2, generator=g)
+    o, state = gdn_triton.chunk_gated_delta_rule(q=q, k=k, v=v, g=gate, beta=beta,
+                                                 initial_state=None)
+    assert cuda_paths[-1] == ("chunk", {"q": torch.bfloat16, "k": torch.bfloat16,
+                                        "v": torch.bfloat16, "g": torch.float32,
+                                        "beta": torch.float32})
+    assert o.dtype == torch.float32 and state == "final_state"
+    torch.testing.assert_close(o, v.bfloat16().float() * 2)
+    o, _ = gdn_triton.chunk_gated_delta_rule(q=q.bfloat16(), k=k.bfloat16(), v=v.bfloat16(),
+                                             g=gate, beta=beta)
+    assert cuda_paths[-1][1]["q"] == torch.bfloat16 and o.dtype == torch.bfloat16
+    sglang_hooks.uninstall_all()
+    gdn_triton.chunk_gated_delta_rule(q=q, k=k, v=v, g=gate, beta=beta)
+    assert cuda_paths[-1][1]["q"] == torch.float32  # uninstalled: fp32 reaches the kernel
