@@ -340,10 +340,9 @@ def install_native_fp32_ops_hook() -> list[str]:
     gdn_triton = importlib.import_module("sglang.srt.layers.attention.linear.kernels.gdn_triton")
     _patch(gdn_triton, "chunk_gated_delta_rule",
            _gdn_chunk_in_bf16_for_fp32(gdn_triton.__dict__["chunk_gated_delta_rule"]))
-    patched.append("chunk_gated_delta_rule (bf16 q/k/v)")
-    logger.info("fp32 input takes the PyTorch path of %s (%s=1)", ", ".join(patched),
-                NATIVE_FP32_OPS_ENV)
-    return patched
+    logger.info("fp32 input: PyTorch path for %s; GDN chunk prefill on bf16 q/k/v (%s=1)",
+                ", ".join(patched), NATIVE_FP32_OPS_ENV)
+    return patched + ["chunk_gated_delta_rule"]
 
 
 def uninstall_all() -> None:
