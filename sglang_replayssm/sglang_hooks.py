@@ -298,8 +298,8 @@ def _native_for_fp32(forward_cuda):
     import torch
 
     def forward(self, *args, **kwargs):
-        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-        if any(t.dtype == torch.float32 for t in tensors):
+        if any(isinstance(a, torch.Tensor) and a.dtype == torch.float32
+               for a in (*args, *kwargs.values())):
             return self.forward_native(*args, **kwargs)
         return forward_cuda(self, *args, **kwargs)
 
@@ -327,22 +327,19 @@ def _gdn_chunk_in_bf16_for_fp32(chunk_gated_delta_rule):
     return chunk
 
 
-def install_native_fp32_ops_hook() -> list[str]:
+def install_native_fp32_ops_hook() -> None:
     import importlib
 
-    patched = []
     for module, name in NATIVE_FP32_OPS:
         cls = getattr(importlib.import_module(module), name)
         _patch(cls, "forward_cuda", _native_for_fp32(cls.__dict__["forward_cuda"]))
-        patched.append(name)
     # srt/layers/attention/linear/kernels/gdn_triton.py:9 imports it by name
     # and TritonGDNKernel.extend calls it with keywords (:188)
     gdn_triton = importlib.import_module("sglang.srt.layers.attention.linear.kernels.gdn_triton")
     _patch(gdn_triton, "chunk_gated_delta_rule",
            _gdn_chunk_in_bf16_for_fp32(gdn_triton.__dict__["chunk_gated_delta_rule"]))
     logger.info("fp32 input: PyTorch path for %s; GDN chunk prefill on bf16 q/k/v (%s=1)",
-                ", ".join(patched), NATIVE_FP32_OPS_ENV)
-    return patched + ["chunk_gated_delta_rule"]
+                ", ".join(name for _, name in NATIVE_FP32_OPS), NATIVE_FP32_OPS_ENV)
 
 
 def uninstall_all() -> None:

@@ -1,6 +1,7 @@
 """The fp32-activation test knob (SGLANG_REPLAYSSM_NATIVE_FP32_OPS=1): fp32
 input reaches the op's own PyTorch path, other dtypes the unchanged CUDA path,
 and uninstall restores SGLang."""
+import importlib
 import types
 
 import pytest
@@ -28,9 +29,7 @@ def cuda_paths(monkeypatch):
         return forward_cuda
 
     for module, name in sglang_hooks.NATIVE_FP32_OPS:
-        cls = {"RMSNorm": layernorm.RMSNorm, "GemmaRMSNorm": layernorm.GemmaRMSNorm,
-               "SiluAndMul": activation.SiluAndMul, "GeluAndMul": activation.GeluAndMul,
-               "RotaryEmbedding": rotary.RotaryEmbedding}[name]
+        cls = getattr(importlib.import_module(module), name)
         monkeypatch.setattr(cls, "forward_cuda", fake(name))
 
     def chunk_gated_delta_rule(**kw):
