@@ -291,15 +291,25 @@ NATIVE_FP32_OPS = (
     ("sglang.srt.layers.activation", "SiluAndMul"),              # activation.py:142
     ("sglang.srt.layers.activation", "GeluAndMul"),              # activation.py:244
     ("sglang.srt.layers.rotary_embedding.base", "RotaryEmbedding"),  # base.py:363
+    # Its triton kernel computes fp32 input with tf32 dots and fp16
+    # intermediates (moe_runner/triton_utils/fused_moe.py:488), which turns a
+    # 1e-7 difference upstream into ~1e-3. forward_native (= forward_cpu,
+    # unquant.py:822) is SGLang's per-expert loop (fused_moe_native.py:61):
+    # exact fp32, silu only, ignores a routed scaling factor (Qwen3-Next has
+    # none), and syncs with the host, so it needs --disable-cuda-graph.
+    ("sglang.srt.layers.quantization.unquant", "UnquantizedFusedMoEMethod"),  # unquant.py:613
 )
 
 
 def _native_for_fp32(forward_cuda):
     import torch
 
+    def is_fp32(a):
+        a = getattr(a, "hidden_states", a)  # the MoE's dispatch output carries its input
+        return isinstance(a, torch.Tensor) and a.dtype == torch.float32
+
     def forward(self, *args, **kwargs):
-        if any(isinstance(a, torch.Tensor) and a.dtype == torch.float32
-               for a in (*args, *kwargs.values())):
+        if any(is_fp32(a) for a in (*args, *kwargs.values())):
             return self.forward_native(*args, **kwargs)
         return forward_cuda(self, *args, **kwargs)
 

@@ -11,6 +11,8 @@ pytest.importorskip("sglang.srt.layers.layernorm")
 
 from sglang.srt.layers import activation, layernorm  # noqa: E402
 from sglang.srt.layers.attention.linear.kernels import gdn_triton  # noqa: E402
+from sglang.srt.layers.moe import fused_moe_native  # noqa: E402
+from sglang.srt.layers.quantization import unquant  # noqa: E402
 from sglang.srt.layers.rotary_embedding import base as rotary  # noqa: E402
 
 from sglang_replayssm import config, plugin, sglang_hooks  # noqa: E402
@@ -24,7 +26,9 @@ def cuda_paths(monkeypatch):
 
     def fake(name):
         def forward_cuda(self, *args, **kwargs):
-            calls.append((name, args[0].dtype if name != "RotaryEmbedding" else args[1].dtype))
+            x = {"RotaryEmbedding": lambda: args[1],
+                 "UnquantizedFusedMoEMethod": lambda: args[1].hidden_states}.get(name, lambda: args[0])()
+            calls.append((name, x.dtype))
             return "cuda"
         return forward_cuda
 
@@ -129,3 +133,43 @@ def test_gdn_chunk_prefill_runs_fp32_input_on_bf16_copies(cuda_paths, monkeypatc
     sglang_hooks.uninstall_all()
     gdn_triton.chunk_gated_delta_rule(q=q, k=k, v=v, g=gate, beta=beta)
     assert cuda_paths[-1][1]["q"] == torch.float32  # uninstalled: fp32 reaches the kernel
+
+
+def test_moe_fp32_runs_sglangs_per_expert_loop_exactly(cuda_paths, monkeypatch):
+    """The triton MoE computes fp32 input with tf32 dots and fp16
+    intermediates: with the knob fp32 input takes SGLang's own per-expert loop,
+    which must equal the float64 mixture of experts to fp32 rounding."""
+    monkeypatch.setenv(config.NATIVE_FP32_OPS_ENV, "1")
+    plugin.register()
+    # SiluAndMul's constructor reads the server's config namespace
+    monkeypatch.setattr(fused_moe_native, "SiluAndMul",
+                        lambda: lambda gu: torch.nn.functional.silu(gu[:, :gu.shape[1] // 2])
+                        * gu[:, gu.shape[1] // 2:])
+    g = torch.Generator().manual_seed(2)
+    tokens, hidden, inter, experts, topk = 7, 16, 8, 6, 2
+    layer = types.SimpleNamespace(
+        num_experts=experts,
+        w13_weight=torch.randn(experts, 2 * inter, hidden, generator=g) / 4,
+        w2_weight=torch.randn(experts, hidden, inter, generator=g) / 4)
+    method = unquant.UnquantizedFusedMoEMethod.__new__(unquant.UnquantizedFusedMoEMethod)
+    method.moe_runner_config = types.SimpleNamespace(
+        activation="silu", apply_router_weight_on_input=False, gemm1_alpha=None)
+    x = torch.randn(tokens, hidden, generator=g)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:topk] for _ in range(tokens)]).int()
+    weights = torch.rand(tokens, topk, generator=g)
+    dispatch = types.SimpleNamespace(hidden_states=x, topk_output=(weights, ids, None))
+
+    out = method.forward_cuda(layer, dispatch).hidden_states
+
+    w13, w2 = layer.w13_weight.double(), layer.w2_weight.double()
+    want = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for t in range(tokens):
+        for j in range(topk):
+            e = int(ids[t, j])
+            gate, up = (w13[e] @ x[t].double()).chunk(2)
+            want[t] += weights[t, j].double() * (w2[e] @ (torch.nn.functional.silu(gate) * up))
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-6)
+    bf16 = types.SimpleNamespace(hidden_states=x.bfloat16(), topk_output=(weights, ids, None))
+    assert method.forward_cuda(layer, bf16) == "cuda"
+    assert cuda_paths[-1] == ("UnquantizedFusedMoEMethod", torch.bfloat16)
