@@ -76,6 +76,12 @@ FAMILY_SERVER_FLAGS = {
 ARCH_SERVER_FLAGS = {
     "FalconH1ForCausalLM": ["--disable-prefill-cuda-graph"],
 }
+# --fp32-activations, for every arm alike: FlashInfer's attention has no fp32,
+# triton's rounds through tf32 dots (and SGLang refuses it for NemotronH);
+# the exact fp32 MoE loop (sglang_hooks.NATIVE_FP32_OPS) syncs with the host,
+# which a CUDA graph cannot capture
+FP32_ACTIVATION_ARGS = ("--dtype", "float32", "--attention-backend", "torch_native",
+                        "--disable-cuda-graph")
 STOCK_ARM_FLAGS = {
     "mamba2": {"stock-triton": ["--mamba-backend", "triton"],
                "stock-flashinfer": ["--mamba-backend", "flashinfer"]},
@@ -564,8 +570,8 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
     os.makedirs(args.log_dir, exist_ok=True)
     result_file = os.path.join(args.log_dir, f"bench_{tag}.jsonl")
     # fp32 activations: SGLang's own --dtype, before --server-args (which may
-    # still override it or pick an attention backend that serves fp32)
-    extra = (["--dtype", "float32"] if args.fp32_activations else []) + shlex.split(args.server_args)
+    # still override any of these)
+    extra = (list(FP32_ACTIVATION_ARGS) if args.fp32_activations else []) + shlex.split(args.server_args)
     launch = server_command(args.model_path, family, arm, port=args.port,
                             buffer_len=args.buffer_len, checkpoint_dtype=args.checkpoint_dtype,
                             decode_route=decode_route, extra_args=extra)
@@ -957,15 +963,14 @@ def main(argv=None) -> int:
                           "(sglang_replayssm.dummy_init; needed for a greedy parity that "
                           "depends on the SSM layers)")
     run.add_argument("--fp32-activations", action="store_true",
-                     help="serve every arm with --dtype float32, fp32 conv states "
-                          "(SGLANG_MAMBA_CONV_DTYPE) and SGLang's norm, activation "
-                          "and rotary ops on their PyTorch path for fp32 input (sgl-kernel's "
-                          "have no fp32), the GDN chunk prefill on bf16 copies of q/k/v "
-                          "(test knob %s=1): a greedy parity without bf16 "
-                          "rounding amplifying the SSM's fp32 rounding order. Nemotron-H "
-                          "also needs an attention backend that takes fp32, e.g. "
-                          "--server-args '--attention-backend torch_native --disable-cuda-graph'"
-                          % NATIVE_FP32_OPS_ENV)
+                     help="serve every arm with %s, fp32 conv states "
+                          "(SGLANG_MAMBA_CONV_DTYPE), SGLang's norm, activation, rotary and "
+                          "MoE ops on their PyTorch path for fp32 input (sgl-kernel's have no "
+                          "fp32; the triton MoE and attention round through fp16/tf32), the "
+                          "GDN chunk prefill on bf16 copies of q/k/v (test knob %s=1): a "
+                          "greedy parity without low-precision rounding amplifying the SSM's "
+                          "fp32 rounding order. Eager, so no speed figure"
+                          % (" ".join(FP32_ACTIVATION_ARGS), NATIVE_FP32_OPS_ENV))
     run.add_argument("--parity-prompts", type=int, default=64)
     run.add_argument("--parity-tokens", type=int, default=128)
     run.add_argument("--parity-floor-group", type=int, default=0, metavar="N",

@@ -539,19 +539,21 @@ def test_fp32_activations_reach_every_arms_launch_and_env(models, tmp_path, monk
     root = os.path.dirname(models["nemotron-h-8b"])
     common = ["run", "--model", "nemotron-h-8b", "--model-root", root, "--batch-sizes", "64",
               "--partial-dir", str(tmp_path), "--log-dir", str(tmp_path)]
-    bs.main(common + ["--arms", "stock-triton", "replayssm", "--fp32-activations",
-                      "--server-args", "--attention-backend torch_native --disable-cuda-graph"])
+    bs.main(common + ["--arms", "stock-triton", "replayssm", "--fp32-activations"])
+    bs.main(common + ["--arms", "stock-triton", "--fp32-activations",
+                      "--server-args", "--attention-backend triton --log-level debug"])
     bs.main(common + ["--arms", "stock-triton"])
-    (c1, e1), (c2, e2), (c3, e3) = launched
+    (c1, e1), (c2, e2), (c4, e4), (c3, e3) = launched
     for cmd, env in ((c1, e1), (c2, e2)):
-        assert cmd[cmd.index("--dtype") + 1] == "float32"
-        assert cmd.index("--dtype") < cmd.index("--disable-cuda-graph")
+        assert cmd[cmd.index("--dtype") + 1] == "float32" and "--disable-cuda-graph" in cmd
         last = max(i for i, a in enumerate(cmd) if a == "--attention-backend")
-        assert cmd[last + 1] == "torch_native"  # --server-args come last, so they win
+        assert cmd[last + 1] == "torch_native"  # after the family's flashinfer, so it wins
         assert env[knob] == "1" and env[bs.MAMBA_CONV_DTYPE_ENV] == "float32"
-    assert "--dtype" not in c3 and knob not in e3
+    assert "--dtype" not in c3 and "--disable-cuda-graph" not in c3 and knob not in e3
+    last = max(i for i, a in enumerate(c4) if a == "--attention-backend")
+    assert c4[last + 1] == "triton" and c4[-2:] == ["--log-level", "debug"]  # --server-args win
     rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
-    assert rec["activations"] == "model"  # the second invocation overwrote the first
+    assert rec["activations"] == "model"  # the last invocation overwrote the others
     recs = [_partial("q", "gdn", "stock-triton", {64: 1.0}, parity=STOCK_DUMP, activations="float32"),
             _partial("q", "gdn", "replayssm", {64: 1.0}, parity=STOCK_DUMP, dtype="auto",
                      activations="float32")]
