@@ -81,7 +81,7 @@ ARCH_SERVER_FLAGS = {
 # the exact fp32 MoE loop (sglang_hooks.NATIVE_FP32_OPS) syncs with the host,
 # which a CUDA graph cannot capture
 FP32_ACTIVATION_ARGS = ("--dtype", "float32", "--attention-backend", "torch_native",
-                        "--disable-cuda-graph")
+                        "--disable-prefill-cuda-graph", "--disable-decode-cuda-graph")
 STOCK_ARM_FLAGS = {
     "mamba2": {"stock-triton": ["--mamba-backend", "triton"],
                "stock-flashinfer": ["--mamba-backend", "flashinfer"]},

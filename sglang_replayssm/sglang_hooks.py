@@ -296,7 +296,8 @@ NATIVE_FP32_OPS = (
     # 1e-7 difference upstream into ~1e-3. forward_native (= forward_cpu,
     # unquant.py:822) is SGLang's per-expert loop (fused_moe_native.py:61):
     # exact fp32, silu only, ignores a routed scaling factor (Qwen3-Next has
-    # none), and syncs with the host, so it needs --disable-cuda-graph.
+    # none), and syncs with the host, so it needs CUDA graphs off
+    # (--disable-decode-cuda-graph --disable-prefill-cuda-graph).
     ("sglang.srt.layers.quantization.unquant", "UnquantizedFusedMoEMethod"),  # unquant.py:613
 )
 

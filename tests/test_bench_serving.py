@@ -545,11 +545,12 @@ def test_fp32_activations_reach_every_arms_launch_and_env(models, tmp_path, monk
     bs.main(common + ["--arms", "stock-triton"])
     (c1, e1), (c2, e2), (c4, e4), (c3, e3) = launched
     for cmd, env in ((c1, e1), (c2, e2)):
-        assert cmd[cmd.index("--dtype") + 1] == "float32" and "--disable-cuda-graph" in cmd
+        assert cmd[cmd.index("--dtype") + 1] == "float32"
+        assert "--disable-decode-cuda-graph" in cmd and "--disable-prefill-cuda-graph" in cmd
         last = max(i for i, a in enumerate(cmd) if a == "--attention-backend")
         assert cmd[last + 1] == "torch_native"  # after the family's flashinfer, so it wins
         assert env[knob] == "1" and env[bs.MAMBA_CONV_DTYPE_ENV] == "float32"
-    assert "--dtype" not in c3 and "--disable-cuda-graph" not in c3 and knob not in e3
+    assert "--dtype" not in c3 and "--disable-decode-cuda-graph" not in c3 and knob not in e3
     last = max(i for i, a in enumerate(c4) if a == "--attention-backend")
     assert c4[last + 1] == "triton" and c4[-2:] == ["--log-level", "debug"]  # --server-args win
     rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
