@@ -280,7 +280,7 @@ def install_dummy_init_hook() -> None:
 # so the class attribute is wrapped before the model is built: fp32 input
 # takes the op's own forward_native, anything else the unchanged CUDA path.
 # The GDN chunk prefill has no PyTorch path: it runs fp32 input on bf16
-# copies of q/k/v (Qwen3-Next; untested on the GPU as of 2026-12-06).
+# copies of q/k/v (Qwen3-Next).
 # Installed in every process with SGLANG_REPLAYSSM_NATIVE_FP32_OPS=1, stock or
 # not, so both arms of a comparison compute these ops the same way.
 # --------------------------------------------------------------------------

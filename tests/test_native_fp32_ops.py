@@ -26,9 +26,8 @@ def cuda_paths(monkeypatch):
 
     def fake(name):
         def forward_cuda(self, *args, **kwargs):
-            x = {"RotaryEmbedding": lambda: args[1],
-                 "UnquantizedFusedMoEMethod": lambda: args[1].hidden_states}.get(name, lambda: args[0])()
-            calls.append((name, x.dtype))
+            x = args[1] if name in ("RotaryEmbedding", "UnquantizedFusedMoEMethod") else args[0]
+            calls.append((name, getattr(x, "hidden_states", x).dtype))
             return "cuda"
         return forward_cuda
 
