@@ -82,6 +82,8 @@ ARCH_SERVER_FLAGS = {
 # which a CUDA graph cannot capture
 FP32_ACTIVATION_ARGS = ("--dtype", "float32", "--attention-backend", "torch_native",
                         "--disable-prefill-cuda-graph", "--disable-decode-cuda-graph")
+# SGLang's environment variable for the dtype of the Mamba-2 / GDN conv state
+MAMBA_CONV_DTYPE_ENV = "SGLANG_MAMBA_CONV_DTYPE"
 STOCK_ARM_FLAGS = {
     "mamba2": {"stock-triton": ["--mamba-backend", "triton"],
                "stock-flashinfer": ["--mamba-backend", "flashinfer"]},
@@ -538,9 +540,6 @@ def profile_arm(args, url: str, tag: str) -> dict:
     return summary
 
 
-# SGLang's environment variable for the dtype of the Mamba-2 / GDN conv state
-MAMBA_CONV_DTYPE_ENV = "SGLANG_MAMBA_CONV_DTYPE"
-
 # what a partial keeps of each run when --repeats > 1
 REPEAT_KEYS = ("batch", "output_tok_s", "itl_ms", "ttft_s", "step_ms")
 
@@ -964,13 +963,14 @@ def main(argv=None) -> int:
                           "depends on the SSM layers)")
     run.add_argument("--fp32-activations", action="store_true",
                      help="serve every arm with %s, fp32 conv states "
-                          "(SGLANG_MAMBA_CONV_DTYPE), SGLang's norm, activation, rotary and "
+                          "(%s), SGLang's norm, activation, rotary and "
                           "MoE ops on their PyTorch path for fp32 input (sgl-kernel's have no "
                           "fp32; the triton MoE and attention round through fp16/tf32), the "
                           "GDN chunk prefill on bf16 copies of q/k/v (test knob %s=1): a "
                           "greedy parity without low-precision rounding amplifying the SSM's "
                           "fp32 rounding order. Eager, so no speed figure"
-                          % (" ".join(FP32_ACTIVATION_ARGS), NATIVE_FP32_OPS_ENV))
+                          % (" ".join(FP32_ACTIVATION_ARGS), MAMBA_CONV_DTYPE_ENV,
+                             NATIVE_FP32_OPS_ENV))
     run.add_argument("--parity-prompts", type=int, default=64)
     run.add_argument("--parity-tokens", type=int, default=128)
     run.add_argument("--parity-floor-group", type=int, default=0, metavar="N",

@@ -22,11 +22,12 @@ DECODE_ROUTES = ("auto", "output_only", "split")
 # Test knob, read by sglang_replayssm.plugin in every process, stock or not:
 # "scaled" = dummy weights at trained-model scale (sglang_replayssm.dummy_init).
 DUMMY_INIT_ENV = ENV_PREFIX + "DUMMY_INIT"
-# Test knob, read the same way: "1" = SGLang's norm, activation and rotary ops
-# take their own PyTorch path for fp32 input (sgl-kernel's CUDA kernels for
-# them dispatch fp16/bf16 only) and its GDN chunk prefill runs fp32 input on
+# Test knob, read the same way: "1" = SGLang's norm, activation, rotary and
+# MoE ops take their own PyTorch path for fp32 input (sgl-kernel's CUDA
+# kernels for the first dispatch fp16/bf16 only, the triton MoE rounds fp32
+# through tf32 dots and fp16) and its GDN chunk prefill runs fp32 input on
 # bf16 copies of q/k/v, so `--dtype float32` serves: greedy parity without
-# bf16 rounding amplifying the SSM's fp32 rounding differences.
+# low-precision rounding amplifying the SSM's fp32 rounding differences.
 NATIVE_FP32_OPS_ENV = ENV_PREFIX + "NATIVE_FP32_OPS"
 
 
