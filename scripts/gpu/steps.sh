@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One device call running named steps in order, each bounded by what is left
+# of the call's budget (a device command may run 600 s; a cold machine costs
+# minutes, so one call should carry every step that fits):
+#   bash scripts/gpu/steps.sh BUDGET_S STEP...
+#   bash scripts/gpu/steps.sh 570 auto        # H200: pytest km parity; else pytest parity-floor
+#   bash scripts/gpu/steps.sh 570 nemo        # Nemotron-H-8B served, three arms
+# Steps (the records of benchmarks/NOTES.md, current names):
+#   pytest        GPU-marked tests
+#   km / kg       kernel records kernels_{mamba2,gdn}_h200 (FlashInfer's JIT ~3 min cold)
+#   parity        Qwen3-Next 4-layer fp32-activation greedy parity, stock triton vs ours
+#   parity-floor  the same plus each arm against itself in groups of 8 (the noise floor)
+#   nemo / qwen   served bs 1/64/256 x3: Nemotron-H-8B (flashinfer, ours, triton),
+#                 Qwen3-Next-80B (triton, ours, SGLang's replay)
+# Everything lands in $OUT, packed into one archive (pack_out.sh). The device
+# tree has no .git: the commit comes from GIT_COMMIT or the file .gpu_commit.
+set -uo pipefail
+[ $# -ge 2 ] || { sed -n 2,17p "$0"; exit 2; }
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd); cd "$ROOT"
+T0=$(date +%s); BUDGET=$1; shift
+OUT=${OUT:-$ROOT/gpu-results}; mkdir -p "$OUT"; export OUT
+[ -n "${GIT_COMMIT:-}" ] || { [ -f .gpu_commit ] && export GIT_COMMIT=$(cat .gpu_commit); }
+G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+if [ "$1" = auto ]; then
+  case $G in *H200*) set -- pytest km parity "${@:2}" ;; *) set -- pytest parity-floor "${@:2}" ;; esac
+fi
+echo "[steps] $G at ${GIT_COMMIT:-unknown commit}: $*"
+. scripts/gpu/device_setup.sh .whl517 .model >/dev/null 2>&1
+replayssm_install >/dev/null 2>&1 || { echo "[steps] install failed"; exit 1; }
+echo "[steps] setup done at $(( $(date +%s) - T0 ))s"
+serve() { python3 scripts/bench_serving.py run --model-root .model --partial-dir "$OUT" --log-dir "$OUT" "$@"; }
+for step in "$@"; do
+  l=$(( BUDGET - ($(date +%s) - T0) ))
+  [ "$l" -gt 30 ] || { echo "[steps] no time left for $step"; break; }
+  echo "[steps] $step at $(( $(date +%s) - T0 ))s, ${l}s left"
+  case $step in
+    pytest) timeout -k 5 "$l" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 \
+              | tee "$OUT/pytest_gpu.log" | tail -5 ;;
+    parity|parity-floor)
+      floor=(); [ "$step" = parity-floor ] && floor=(--parity-floor-group 8)
+      timeout -k 10 "$l" bash -c "$(declare -f serve); serve \"\$@\"" _ --model qwen3-next-80b-4layer \
+        --arms stock-triton replayssm --parity "${floor[@]}" --dummy-init scaled --fp32-activations \
+        --batch-sizes 1 --output-len 16 --health-timeout 200 2>&1 | tail -25 ;;
+    km) timeout -k 10 "$l" python3 scripts/bench_kernels.py --out-dir "$OUT" --family mamba2 \
+          --batches 1,2,4,8,32,64,128,256,512 --routes output_only,split --breakdown \
+          --deadline-s $(( l > 270 ? 240 : l - 30 )) --name kernels_mamba2_h200 2>&1 | tail -30 ;;
+    kg) timeout -k 10 "$l" python3 scripts/bench_kernels.py --out-dir "$OUT" --family gdn \
+          --routes output_only,split --breakdown --deadline-s $(( l - 40 )) \
+          --name kernels_gdn_h200 2>&1 | tail -30 ;;
+    nemo) timeout -k 10 "$l" bash -c "$(declare -f serve); serve \"\$@\"" _ --model nemotron-h-8b \
+            --arms stock-flashinfer replayssm stock-triton --batch-sizes 1 64 256 --repeats 3 \
+            --health-timeout 280 2>&1 | tail -25 ;;
+    qwen) timeout -k 10 "$l" bash -c "$(declare -f serve); serve \"\$@\"" _ --model qwen3-next-80b \
+            --arms stock-triton replayssm sglang-replay --batch-sizes 1 64 256 --repeats 3 \
+            --health-timeout 240 2>&1 | tail -25 ;;
+    *) echo "[steps] unknown step $step" ;;
+  esac
+done
+echo "[steps] done at $(( $(date +%s) - T0 ))s"
+bash scripts/gpu/pack_out.sh
