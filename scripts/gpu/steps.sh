@@ -8,8 +8,9 @@
 # Steps (the records of benchmarks/NOTES.md, current names):
 #   pytest        GPU-marked tests
 #   km / kg       kernel records kernels_{mamba2,gdn}_h200 (FlashInfer's JIT ~3 min cold)
-#   parity        Qwen3-Next 4-layer fp32-activation greedy parity, stock triton vs ours
-#   parity-floor  the same plus each arm against itself in groups of 8 (the noise floor)
+#   parity[:M]    fp32-activation greedy parity, stock triton vs ours, of the 4-layer
+#                 model M (default qwen3-next-80b-4layer; e.g. parity:falcon-h1-4layer)
+#   parity-floor[:M]  the same plus each arm against itself in groups of 8 (noise floor)
 #   nemo / qwen   served bs 1/64/256 x3: Nemotron-H-8B (flashinfer, ours, triton),
 #                 Qwen3-Next-80B (triton, ours, SGLang's replay)
 # Everything lands in $OUT, packed into one archive (pack_out.sh). The device
@@ -36,9 +37,10 @@ for step in "$@"; do
   case $step in
     pytest) timeout -k 5 "$l" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 \
               | tee "$OUT/pytest_gpu.log" | tail -5 ;;
-    parity|parity-floor)
-      floor=(); [ "$step" = parity-floor ] && floor=(--parity-floor-group 8)
-      timeout -k 10 "$l" bash -c "$(declare -f serve); serve \"\$@\"" _ --model qwen3-next-80b-4layer \
+    parity|parity:*|parity-floor|parity-floor:*)
+      floor=(); case $step in parity-floor*) floor=(--parity-floor-group 8) ;; esac
+      model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
+      timeout -k 10 "$l" bash -c "$(declare -f serve); serve \"\$@\"" _ --model "$model" \
         --arms stock-triton replayssm --parity "${floor[@]}" --dummy-init scaled --fp32-activations \
         --batch-sizes 1 --output-len 16 --health-timeout 200 2>&1 | tail -25 ;;
     km) timeout -k 10 "$l" python3 scripts/bench_kernels.py --out-dir "$OUT" --family mamba2 \
