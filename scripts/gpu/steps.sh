@@ -3,7 +3,7 @@
 # of the call's budget (a device command may run 600 s; a cold machine costs
 # minutes, so one call should carry every step that fits):
 #   bash scripts/gpu/steps.sh BUDGET_S STEP...
-#   bash scripts/gpu/steps.sh 570 auto        # H200: pytest km parity; else pytest + the parity runs
+#   bash scripts/gpu/steps.sh 570 auto        # H200: km parity pytest; else parity pytest + Falcon-H1, Granite parity
 #   bash scripts/gpu/steps.sh 570 nemo        # Nemotron-H-8B served, three arms
 # Steps (the records of benchmarks/NOTES.md, current names):
 #   pytest        GPU-marked tests
@@ -23,7 +23,7 @@ OUT=${OUT:-$ROOT/gpu-results}; mkdir -p "$OUT"; export OUT
 [ -n "${GIT_COMMIT:-}" ] || { [ -f .gpu_commit ] && export GIT_COMMIT=$(cat .gpu_commit); }
 G=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 if [ "$1" = auto ]; then
-  case $G in *H200*) set -- pytest km parity "${@:2}" ;; *) set -- pytest parity-floor parity:falcon-h1-4layer parity:granite-4.0-h-4layer "${@:2}" ;; esac
+  case $G in *H200*) set -- km parity pytest "${@:2}" ;; *) set -- parity pytest parity:falcon-h1-4layer parity:granite-4.0-h-4layer "${@:2}" ;; esac
 fi
 echo "[steps] $G at ${GIT_COMMIT:-unknown commit}: $*"
 . scripts/gpu/device_setup.sh .whl517 .model >/dev/null 2>&1
