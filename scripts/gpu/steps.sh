@@ -5,7 +5,7 @@
 #   bash scripts/gpu/steps.sh BUDGET_S STEP...
 #   bash scripts/gpu/steps.sh 570 auto        # H200: km parity pytest; else parity pytest + Falcon-H1, Granite parity
 #   bash scripts/gpu/steps.sh 570 nemo        # Nemotron-H-8B served, three arms
-# Steps (the records of benchmarks/NOTES.md, current names):
+# Steps (the records benchmarks/NOTES.md lists for the next GPU session):
 #   pytest        GPU-marked tests
 #   km / kg       kernel records kernels_{mamba2,gdn}_h200 (FlashInfer's JIT ~3 min cold)
 #   parity[:M]    fp32-activation greedy parity, stock triton vs ours, of the 4-layer
@@ -29,6 +29,8 @@ echo "[steps] $G at ${GIT_COMMIT:-unknown commit}: $*"
 . scripts/gpu/device_setup.sh .whl517 .model >/dev/null 2>&1
 replayssm_install >/dev/null 2>&1 || { echo "[steps] install failed"; exit 1; }
 echo "[steps] setup done at $(( $(date +%s) - T0 ))s"
+# timeout(1) runs programs, not shell functions: the served steps hand it
+# `bash -c` with this function's definition.
 serve() { python3 scripts/bench_serving.py run --model-root .model --partial-dir "$OUT" --log-dir "$OUT" "$@"; }
 for step in "$@"; do
   l=$(( BUDGET - ($(date +%s) - T0) ))
