@@ -29,9 +29,11 @@ echo "[steps] $G at ${GIT_COMMIT:-unknown commit}: $*"
 . scripts/gpu/device_setup.sh .whl517 .model >/dev/null 2>&1
 replayssm_install >/dev/null 2>&1 || { echo "[steps] install failed"; exit 1; }
 echo "[steps] setup done at $(( $(date +%s) - T0 ))s"
-# timeout(1) runs programs, not shell functions: the served steps hand it
-# `bash -c` with this function's definition.
-serve() { python3 scripts/bench_serving.py run --model-root .model --partial-dir "$OUT" --log-dir "$OUT" "$@"; }
+# a bench_serving.py run bounded by the time left ($l, set per step)
+serve() {
+  timeout -k 10 "$l" python3 scripts/bench_serving.py run --model-root .model \
+    --partial-dir "$OUT" --log-dir "$OUT" "$@" 2>&1 | tail -25
+}
 for step in "$@"; do
   l=$(( BUDGET - ($(date +%s) - T0) ))
   [ "$l" -gt 30 ] || { echo "[steps] no time left for $step"; break; }
@@ -42,21 +44,19 @@ for step in "$@"; do
     parity|parity:*|parity-floor|parity-floor:*)
       floor=(); case $step in parity-floor*) floor=(--parity-floor-group 8) ;; esac
       model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
-      timeout -k 10 "$l" bash -c "$(declare -f serve); serve \"\$@\"" _ --model "$model" \
-        --arms stock-triton replayssm --parity "${floor[@]}" --dummy-init scaled --fp32-activations \
-        --batch-sizes 1 --output-len 16 --health-timeout 200 2>&1 | tail -25 ;;
+      serve --model "$model" --arms stock-triton replayssm --parity "${floor[@]}" \
+        --dummy-init scaled --fp32-activations --batch-sizes 1 --output-len 16 \
+        --health-timeout 200 ;;
     km) timeout -k 10 "$l" python3 scripts/bench_kernels.py --out-dir "$OUT" --family mamba2 \
           --batches 1,2,4,8,32,64,128,256,512 --routes output_only,split --breakdown \
           --deadline-s $(( l > 270 ? 240 : l - 30 )) --name kernels_mamba2_h200 2>&1 | tail -30 ;;
     kg) timeout -k 10 "$l" python3 scripts/bench_kernels.py --out-dir "$OUT" --family gdn \
           --routes output_only,split --breakdown --deadline-s $(( l - 40 )) \
           --name kernels_gdn_h200 2>&1 | tail -30 ;;
-    nemo) timeout -k 10 "$l" bash -c "$(declare -f serve); serve \"\$@\"" _ --model nemotron-h-8b \
-            --arms stock-flashinfer replayssm stock-triton --batch-sizes 1 64 256 --repeats 3 \
-            --health-timeout 280 2>&1 | tail -25 ;;
-    qwen) timeout -k 10 "$l" bash -c "$(declare -f serve); serve \"\$@\"" _ --model qwen3-next-80b \
-            --arms stock-triton replayssm sglang-replay --batch-sizes 1 64 256 --repeats 3 \
-            --health-timeout 240 2>&1 | tail -25 ;;
+    nemo) serve --model nemotron-h-8b --arms stock-flashinfer replayssm stock-triton \
+            --batch-sizes 1 64 256 --repeats 3 --health-timeout 280 ;;
+    qwen) serve --model qwen3-next-80b --arms stock-triton replayssm sglang-replay \
+            --batch-sizes 1 64 256 --repeats 3 --health-timeout 240 ;;
     *) echo "[steps] unknown step $step" ;;
   esac
 done
