@@ -11,12 +11,14 @@
 #   parity[:M]    fp32-activation greedy parity, stock triton vs ours, of the 4-layer
 #                 model M (default qwen3-next-80b-4layer; e.g. parity:falcon-h1-4layer)
 #   parity-floor[:M]  the same plus each arm against itself in groups of 8 (noise floor)
+#   parity-ours[:M]   only our arm (its dump merges with a stock partial kept from an
+#                 earlier call: bench_serving.py merge checks both saw the same prompts)
 #   nemo / qwen   served bs 1/64/256 x3: Nemotron-H-8B (flashinfer, ours, triton),
 #                 Qwen3-Next-80B (triton, ours, SGLang's replay)
 # Everything lands in $OUT, packed into one archive (pack_out.sh). The device
 # tree has no .git: the commit comes from GIT_COMMIT or the file .gpu_commit.
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n 2,17p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,19p "$0"; exit 2; }
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd); cd "$ROOT"
 T0=$(date +%s); BUDGET=$1; shift
 OUT=${OUT:-$ROOT/gpu-results}; mkdir -p "$OUT"; export OUT
@@ -41,10 +43,11 @@ for step in "$@"; do
   case $step in
     pytest) timeout -k 5 "$l" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 \
               | tee "$OUT/pytest_gpu.log" | tail -5 ;;
-    parity|parity:*|parity-floor|parity-floor:*)
+    parity|parity:*|parity-floor|parity-floor:*|parity-ours|parity-ours:*)
       floor=(); case $step in parity-floor*) floor=(--parity-floor-group 8) ;; esac
+      arms=(stock-triton replayssm); case $step in parity-ours*) arms=(replayssm) ;; esac
       model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
-      serve --model "$model" --arms stock-triton replayssm --parity "${floor[@]}" \
+      serve --model "$model" --arms "${arms[@]}" --parity "${floor[@]}" \
         --dummy-init scaled --fp32-activations --batch-sizes 1 --output-len 16 \
         --health-timeout 200 ;;
     km) timeout -k 10 "$l" python3 scripts/bench_kernels.py --out-dir "$OUT" --family mamba2 \
