@@ -262,10 +262,14 @@ def install_dummy_init_hook() -> None:
     from sglang_replayssm.dummy_init import scaled_dummy_weights
 
     def initialize_dummy_weights(model, low=-1e-3, high=1e-3, seed=1234):
+        # logged here, not at install: SGLang loads plugins before it sets up
+        # logging in the scheduler process (scheduler.py:4895), so a line
+        # logged at install time never reaches the server log
+        logger.info("dummy weights of %s: trained-model scale, seed %d (%s=scaled)",
+                    type(model).__name__, seed, DUMMY_INIT_ENV)
         scaled_dummy_weights(model, seed=seed)
 
     _patch(loader, "initialize_dummy_weights", initialize_dummy_weights)
-    logger.info("dummy weights: trained-model scale (%s=scaled)", DUMMY_INIT_ENV)
 
 
 # --------------------------------------------------------------------------
@@ -302,7 +306,19 @@ NATIVE_FP32_OPS = (
 )
 
 
-def _native_for_fp32(forward_cuda):
+_FP32_PATHS_LOGGED: set[str] = set()
+
+
+def _log_first_fp32_use(what: str) -> None:
+    """One server-log line per op the first time fp32 input takes its
+    replacement path, so a run's log shows the path was taken (SGLang sets up
+    logging only after loading plugins: an install-time line is lost)."""
+    if what not in _FP32_PATHS_LOGGED:
+        _FP32_PATHS_LOGGED.add(what)
+        logger.info("fp32 input: %s (%s=1)", what, NATIVE_FP32_OPS_ENV)
+
+
+def _native_for_fp32(forward_cuda, name: str):
     import torch
 
     def is_fp32(a):
@@ -311,6 +327,7 @@ def _native_for_fp32(forward_cuda):
 
     def forward(self, *args, **kwargs):
         if any(is_fp32(a) for a in (*args, *kwargs.values())):
+            _log_first_fp32_use(f"{name} runs its PyTorch path (forward_native)")
             return self.forward_native(*args, **kwargs)
         return forward_cuda(self, *args, **kwargs)
 
@@ -328,6 +345,7 @@ def _gdn_chunk_in_bf16_for_fp32(chunk_gated_delta_rule):
 
     def chunk(*args, **kwargs):
         if kwargs.get("q") is not None and kwargs["q"].dtype == torch.float32 and not args:
+            _log_first_fp32_use("GDN chunk prefill runs on bf16 copies of q/k/v")
             for name in ("q", "k", "v"):
                 kwargs[name] = kwargs[name].to(torch.bfloat16)
             o, *rest = chunk_gated_delta_rule(**kwargs)
@@ -343,14 +361,12 @@ def install_native_fp32_ops_hook() -> None:
 
     for module, name in NATIVE_FP32_OPS:
         cls = getattr(importlib.import_module(module), name)
-        _patch(cls, "forward_cuda", _native_for_fp32(cls.__dict__["forward_cuda"]))
+        _patch(cls, "forward_cuda", _native_for_fp32(cls.__dict__["forward_cuda"], name))
     # srt/layers/attention/linear/kernels/gdn_triton.py:9 imports it by name
     # and TritonGDNKernel.extend calls it with keywords (:188)
     gdn_triton = importlib.import_module("sglang.srt.layers.attention.linear.kernels.gdn_triton")
     _patch(gdn_triton, "chunk_gated_delta_rule",
            _gdn_chunk_in_bf16_for_fp32(gdn_triton.__dict__["chunk_gated_delta_rule"]))
-    logger.info("fp32 input: PyTorch path for %s; GDN chunk prefill on bf16 q/k/v (%s=1)",
-                ", ".join(name for _, name in NATIVE_FP32_OPS), NATIVE_FP32_OPS_ENV)
 
 
 def uninstall_all() -> None:
@@ -358,3 +374,4 @@ def uninstall_all() -> None:
     for (owner, name), original in list(_ORIGINALS.items()):
         setattr(owner, name, original)
     _ORIGINALS.clear()
+    _FP32_PATHS_LOGGED.clear()

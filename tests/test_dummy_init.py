@@ -48,7 +48,7 @@ def test_deterministic_per_parameter():
     assert not torch.equal(a.in_proj.weight, c.in_proj.weight)
 
 
-def test_hook_replaces_and_restores_sglang_init(monkeypatch):
+def test_hook_replaces_and_restores_sglang_init(monkeypatch, caplog):
     loader = pytest.importorskip("sglang.srt.model_loader.loader")
     from sglang_replayssm import plugin, sglang_hooks
 
@@ -60,8 +60,13 @@ def test_hook_replaces_and_restores_sglang_init(monkeypatch):
         plugin.register()
         assert loader.initialize_dummy_weights is not stock
         m = Mixer(torch.float32)
-        loader.initialize_dummy_weights(m)
+        with caplog.at_level("INFO", logger="sglang_replayssm"):
+            loader.initialize_dummy_weights(m)
         assert bool((m.D == 1).all())
+        # logged when used: the server log is set up only after plugins load
+        assert [r.getMessage() for r in caplog.records] == [
+            "dummy weights of Mixer: trained-model scale, seed 1234 "
+            "(SGLANG_REPLAYSSM_DUMMY_INIT=scaled)"]
     finally:
         sglang_hooks.uninstall_all()
     assert loader.initialize_dummy_weights is stock

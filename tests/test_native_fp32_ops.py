@@ -172,3 +172,25 @@ def test_moe_fp32_runs_sglangs_per_expert_loop_exactly(cuda_paths, monkeypatch):
     bf16 = types.SimpleNamespace(hidden_states=x.bfloat16(), topk_output=(weights, ids, None))
     assert method.forward_cuda(layer, bf16) == "cuda"
     assert cuda_paths[-1] == ("UnquantizedFusedMoEMethod", torch.bfloat16)
+
+
+def test_each_fp32_path_is_logged_once_when_first_taken(cuda_paths, monkeypatch, caplog):
+    """SGLang sets up logging only after loading plugins, so the knob says what
+    it did at first use, once per op; bf16 input logs nothing."""
+    monkeypatch.setenv(config.NATIVE_FP32_OPS_ENV, "1")
+    plugin.register()
+    rms = layernorm.RMSNorm(8, eps=1e-6)
+    x = torch.randn(2, 8)
+    with caplog.at_level("INFO", logger="sglang_replayssm"):
+        rms.forward_cuda(x.bfloat16())
+        assert not caplog.records
+        for _ in range(3):
+            rms.forward_cuda(x)
+        q = torch.randn(1, 3, 2, 4)
+        for _ in range(2):
+            gdn_triton.chunk_gated_delta_rule(q=q, k=q, v=q, g=q[..., 0], beta=q[..., 0])
+    assert [r.getMessage() for r in caplog.records] == [
+        "fp32 input: RMSNorm runs its PyTorch path (forward_native) "
+        "(SGLANG_REPLAYSSM_NATIVE_FP32_OPS=1)",
+        "fp32 input: GDN chunk prefill runs on bf16 copies of q/k/v "
+        "(SGLANG_REPLAYSSM_NATIVE_FP32_OPS=1)"]
