@@ -692,13 +692,24 @@ def cmd_run(args) -> int:
 
 # --- merge ---------------------------------------------------------------------
 
-def load_partials(partial_dir: str) -> list[dict]:
-    records = []
-    for name in sorted(os.listdir(partial_dir)):
-        if name.startswith("e2e_") and name.endswith(".json"):
-            with open(os.path.join(partial_dir, name)) as f:
-                rec = json.load(f)
-            if rec.get("kind") == "e2e_partial":
+def load_partials(partial_dirs: list[str]) -> list[dict]:
+    """Every e2e_partial record in the folders. Folders can hold runs of
+    different calls (a parity's stock arm kept from an earlier call): one
+    (model, arm) found twice is refused, not silently overwritten."""
+    records, seen = [], {}
+    for partial_dir in partial_dirs:
+        for name in sorted(os.listdir(partial_dir)):
+            if name.startswith("e2e_") and name.endswith(".json"):
+                path = os.path.join(partial_dir, name)
+                with open(path) as f:
+                    rec = json.load(f)
+                if rec.get("kind") != "e2e_partial":
+                    continue
+                key = (rec["model"], rec["arm"])
+                if key in seen:
+                    sys.exit(f"--partial-dir: {key[0]} arm {key[1]} is in both {seen[key]} "
+                             f"and {path}; keep one")
+                seen[key] = path
                 records.append(rec)
     return records
 
@@ -798,7 +809,8 @@ def merged_document(records: list[dict], command: str) -> dict:
         "created": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "runs": [{k: r.get(k) for k in ("model", "arm", "command", "launch_command",
                                         "bench_command", "git_commit", "created",
-                                        "healthy_after_s", "error")} for r in records],
+                                        "healthy_after_s", "activations", "dummy_init",
+                                        "error")} for r in records],
         "rows": merge_rows(records),
         "greedy_parity": merge_parity(records),
     }
@@ -830,6 +842,11 @@ def markdown(doc: dict) -> str:
              "Output tok/s from `sglang.bench_one_batch_server` (random-ids, one batch); "
              "step = median steady decode step from the server log. "
              "Speedup = ReplaySSM tok/s / fastest stock tok/s.", ""]
+    fp32 = sorted({r["model"] for r in doc["runs"] if r.get("activations") == "float32"})
+    if fp32:
+        lines += [f"Runs with float32 activations ({', '.join(fp32)}) serve eagerly, with "
+                  "PyTorch paths for several ops (--fp32-activations): their tok/s show that "
+                  "the server answered, they are not speed figures.", ""]
     for model in sorted({r["model"] for r in doc["rows"]}):
         rows = [r for r in doc["rows"] if r["model"] == model]
         extra = sorted({k for r in rows for k in r
@@ -913,7 +930,7 @@ def plot(doc: dict, path: str) -> bool:
 def cmd_merge(args) -> int:
     records = load_partials(args.partial_dir)
     if not records:
-        sys.exit(f"no e2e_*.json partials in {args.partial_dir}")
+        sys.exit(f"no e2e_*.json partials in {' '.join(args.partial_dir)}")
     doc = merged_document(records, " ".join(["python"] + [shlex.quote(a) for a in sys.argv]))
     os.makedirs(args.out_dir, exist_ok=True)
     base = os.path.join(args.out_dir, args.name)
@@ -995,7 +1012,8 @@ def main(argv=None) -> int:
                      help="server/bench logs (default $OUT, else gpu-results/)")
     merge = sub.add_parser("merge", help="partials -> benchmarks/results/e2e_decode.{json,md,png} "
                                          "(--name)")
-    merge.add_argument("--partial-dir", default=DEFAULT_PARTIAL_DIR)
+    merge.add_argument("--partial-dir", nargs="+", default=[DEFAULT_PARTIAL_DIR], metavar="DIR",
+                       help="one or more folders of partials (runs of several calls)")
     merge.add_argument("--out-dir", default=DEFAULT_RESULTS_DIR)
     merge.add_argument("--name", default="e2e_decode",
                        help="output base name, e.g. e2e_decode_h100 for a run on another GPU "

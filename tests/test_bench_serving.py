@@ -565,3 +565,28 @@ def test_fp32_activations_reach_every_arms_launch_and_env(models, tmp_path, monk
     assert "| sglang | float32 |" in md
     assert bs._fmt_small(3.3855e-05) == "3.4e-05" and bs._fmt_small(0.0123) == "0.0123"
     assert bs._fmt_small(0.0) == "0.0000" and bs._fmt_small(None) == "–"
+
+
+def test_merge_reads_several_folders_and_refuses_an_arm_found_twice(tmp_path):
+    """A parity's stock arm kept from one call merges with our arm from the
+    next; the same (model, arm) in two folders is an error, not a pick."""
+    recs = _records()
+    recs[0]["activations"] = "float32"
+    first, second, out_dir = tmp_path / "a", tmp_path / "b", tmp_path / "results"
+    first.mkdir(), second.mkdir()
+    for i, rec in enumerate(recs):
+        folder = first if i % 2 else second
+        with open(bs.partial_path(str(folder), rec["model"], rec["arm"]), "w") as f:
+            json.dump(rec, f)
+    assert bs.main(["merge", "--partial-dir", str(first), str(second),
+                    "--out-dir", str(out_dir)]) == 0
+    doc = json.loads((out_dir / "e2e_decode.json").read_text())
+    assert len(doc["runs"]) == len(recs) and len(doc["greedy_parity"]) == 1
+    # an fp32-activation run is eager: its table says so
+    assert (f"Runs with float32 activations ({recs[0]['model']}) serve eagerly"
+            in (out_dir / "e2e_decode.md").read_text())
+    dup = recs[1]
+    with open(bs.partial_path(str(second), dup["model"], dup["arm"]), "w") as f:
+        json.dump(dup, f)
+    with pytest.raises(SystemExit, match=f"{dup['model']} arm {dup['arm']} is in both"):
+        bs.main(["merge", "--partial-dir", str(first), str(second), "--out-dir", str(out_dir)])
