@@ -14,11 +14,12 @@
 #   parity-ours[:M]   only our arm (its dump merges with a stock partial kept from an
 #                 earlier call: bench_serving.py merge checks both saw the same prompts)
 #   nemo / qwen   served bs 1/64/256 x3: Nemotron-H-8B (flashinfer, ours, triton),
-#                 Qwen3-Next-80B (triton, ours, SGLang's replay)
+#                 Qwen3-Next-80B (triton, ours, SGLang's replay); nemo:A,B / qwen:A,B
+#                 runs only those arms (three 80B-class arms may not fit one call)
 # Everything lands in $OUT, packed into one archive (pack_out.sh). The device
 # tree has no .git: the commit comes from GIT_COMMIT or the file .gpu_commit.
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n 2,19p "$0"; exit 2; }
+[ $# -ge 2 ] || { sed -n 2,20p "$0"; exit 2; }
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd); cd "$ROOT"
 T0=$(date +%s); BUDGET=$1; shift
 OUT=${OUT:-$ROOT/gpu-results}; mkdir -p "$OUT"; export OUT
@@ -56,10 +57,15 @@ for step in "$@"; do
     kg) timeout -k 10 "$l" python3 scripts/bench_kernels.py --out-dir "$OUT" --family gdn \
           --routes output_only,split --breakdown --deadline-s $(( l - 40 )) \
           --name kernels_gdn_h200 2>&1 | tail -30 ;;
-    nemo) serve --model nemotron-h-8b --arms stock-flashinfer replayssm stock-triton \
-            --batch-sizes 1 64 256 --repeats 3 --health-timeout 280 ;;
-    qwen) serve --model qwen3-next-80b --arms stock-triton replayssm sglang-replay \
-            --batch-sizes 1 64 256 --repeats 3 --health-timeout 240 ;;
+    nemo|nemo:*|qwen|qwen:*)
+      case $step in
+        nemo*) model=nemotron-h-8b; arms="stock-flashinfer replayssm stock-triton"; h=280 ;;
+        qwen*) model=qwen3-next-80b; arms="stock-triton replayssm sglang-replay"; h=240 ;;
+      esac
+      case $step in *:*) arms=${step#*:}; arms=${arms//,/ } ;; esac
+      # shellcheck disable=SC2086  # one word per arm
+      serve --model "$model" --arms $arms --batch-sizes 1 64 256 --repeats 3 \
+        --health-timeout "$h" ;;
     *) echo "[steps] unknown step $step" ;;
   esac
 done
