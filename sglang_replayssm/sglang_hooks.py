@@ -321,13 +321,15 @@ def _log_first_fp32_use(what: str) -> None:
 def _native_for_fp32(forward_cuda, name: str):
     import torch
 
+    taken = f"{name} runs its PyTorch path (forward_native)"  # built once, not per call
+
     def is_fp32(a):
         a = getattr(a, "hidden_states", a)  # the MoE's dispatch output carries its input
         return isinstance(a, torch.Tensor) and a.dtype == torch.float32
 
     def forward(self, *args, **kwargs):
         if any(is_fp32(a) for a in (*args, *kwargs.values())):
-            _log_first_fp32_use(f"{name} runs its PyTorch path (forward_native)")
+            _log_first_fp32_use(taken)
             return self.forward_native(*args, **kwargs)
         return forward_cuda(self, *args, **kwargs)
 
