@@ -244,8 +244,11 @@ def install_replay_hooks(config: ReplayConfig) -> None:
         return stock_per_req.fget(self) + pool_cls.extra_bytes_per_slot(self)
 
     _patch(BaseLinearStateParams, "mamba_cache_per_req", property(mamba_cache_per_req))
-    logger.info("ReplaySSM hooks installed (family %s, buffer_len %d)", family or "auto",
-                config.buffer_len)
+    # SGLang loads plugins before the scheduler configures logging
+    # (scheduler.py:4895), so an info line here never reaches the server log;
+    # the backend logs "ReplaySSM enabled for N ... layers" once serving starts.
+    logger.debug("ReplaySSM hooks installed (family %s, buffer_len %d)", family or "auto",
+                 config.buffer_len)
 
 
 # --------------------------------------------------------------------------
