@@ -180,8 +180,11 @@ def server_command(model_path: str, family: str, arm: str, *, port: int, buffer_
 
 def bench_command(model_path: str, base_url: str, *, batch_sizes, input_len: int,
                   output_len: int, result_file: str, python: str = sys.executable,
-                  profile_dir: str | None = None, profile_steps: int = 0):
-    """bench_one_batch_server; with profile_dir a torch-profiler run instead
+                  profile_dir: str | None = None, profile_steps: int = 0,
+                  skip_warmup: bool = False):
+    """bench_one_batch_server; skip_warmup for a repeat against a server that
+    an earlier run already warmed at these batch sizes (saves its ~10 s
+    warm-up batches); with profile_dir a torch-profiler run instead
     (GPU activity of the batch's first profile_steps forward steps, traces
     written by the server into profile_dir): the profiler slows the steps it
     records, so this runs after the timed batch and its numbers are not used."""
@@ -189,6 +192,8 @@ def bench_command(model_path: str, base_url: str, *, batch_sizes, input_len: int
            "--base-url", base_url, "--batch-size", *map(str, batch_sizes),
            "--input-len", str(input_len), "--output-len", str(output_len),
            "--dataset-name", "random-ids", "--result-filename", result_file, "--show-report"]
+    if skip_warmup:
+        cmd.append("--skip-warmup")
     if profile_dir:
         cmd += ["--profile", "--profile-activities", "GPU", "--profile-output-dir", profile_dir,
                 "--profile-steps", str(profile_steps)]
@@ -574,9 +579,10 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
     launch = server_command(args.model_path, family, arm, port=args.port,
                             buffer_len=args.buffer_len, checkpoint_dtype=args.checkpoint_dtype,
                             decode_route=decode_route, extra_args=extra)
-    bench = bench_command(args.model_path, url, batch_sizes=args.batch_sizes,
-                          input_len=args.input_len, output_len=args.output_len,
-                          result_file=result_file)
+    bench, bench_again = (bench_command(args.model_path, url, batch_sizes=args.batch_sizes,
+                                        input_len=args.input_len, output_len=args.output_len,
+                                        result_file=result_file, skip_warmup=again)
+                          for again in (False, True))  # repeats after the first: warm already
     record = {"kind": "e2e_partial", "model": args.model, "family": family, "arm": label,
               "checkpoint_dtype": args.checkpoint_dtype if arm == REPLAY_ARM else None,
               "buffer_len": args.buffer_len if arm in (REPLAY_ARM, SGLANG_REPLAY_ARM) else None,
@@ -610,9 +616,10 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
                     os.remove(result_file)  # bench_one_batch_server appends
                 run_tag = tag if args.repeats == 1 else f"{tag} ({i + 1}/{args.repeats})"
                 log_start = len(server.log_text())
-                log(f"{run_tag}: bench: {shlex.join(bench)}")
+                cmd = bench_again if i else bench
+                log(f"{run_tag}: bench: {shlex.join(cmd)}")
                 with open(os.path.join(args.log_dir, f"bench_{tag}.log"), "a" if i else "w") as bl:
-                    proc = subprocess.run(bench, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True, timeout=args.bench_timeout)
                     bl.write(proc.stdout)
                 log(f"{run_tag}: bench rc {proc.returncode}")
@@ -969,7 +976,8 @@ def main(argv=None) -> int:
                      help="run bench_one_batch_server this many times against each server; "
                           "rows keep the run with the median output throughput per batch, "
                           "the partial's `repeats` every run's figures (a one-batch measure "
-                          "of a model with 2-3 ms steps moves by 10-20%% between runs)")
+                          "of a model with 2-3 ms steps moves by 10-20%% between runs); "
+                          "runs after the first pass --skip-warmup")
     run.add_argument("--input-len", type=int, default=512)
     run.add_argument("--output-len", type=int, default=256)
     run.add_argument("--parity", action="store_true",

@@ -95,6 +95,11 @@ def test_bench_command():
     assert _flag_value(cmd, "--dataset-name") == "random-ids"
     assert _flag_value(cmd, "--base-url") == "http://127.0.0.1:30000"
     assert _flag_value(cmd, "--result-filename") == "/o/r.jsonl"
+    assert "--skip-warmup" not in cmd
+    again = bs.bench_command("/m", "http://127.0.0.1:30000", batch_sizes=[1, 64, 256],
+                             input_len=512, output_len=256, result_file="/o/r.jsonl",
+                             python="py", skip_warmup=True)
+    assert again == cmd + ["--skip-warmup"]
 
 
 # BenchOneCaseResult.dump_to_jsonl lines (sglang/benchmark/one_batch_server.py)
@@ -467,9 +472,11 @@ def test_median_rows_keeps_one_runs_whole_row():
 
 
 def test_repeats_bench_the_same_server_and_keep_the_median(models, tmp_path, monkeypatch):
-    """run_arm with --repeats 3 against a fake server: three bench runs, rows
-    from the median one, every run's figures in `repeats`."""
+    """run_arm with --repeats 3 against a fake server: three bench runs, only
+    the first with warm-up batches, rows from the median one, every run's
+    figures in `repeats`."""
     tok_s = iter([300.0, 100.0, 200.0])
+    warmups = []
 
     class FakeServer:
         def __init__(self, cmd, log_path, env=None):
@@ -493,6 +500,7 @@ def test_repeats_bench_the_same_server_and_keep_the_median(models, tmp_path, mon
         if "--result-filename" not in cmd:  # git, for the record's provenance
             return real_run(cmd, **kw)
         t = next(tok_s)
+        warmups.append("--skip-warmup" not in cmd)
         out = cmd[cmd.index("--result-filename") + 1]
         with open(out, "a") as f:
             f.write(json.dumps({"run_name": "default", "batch_size": 64, "input_len": 512,
@@ -510,6 +518,7 @@ def test_repeats_bench_the_same_server_and_keep_the_median(models, tmp_path, mon
                     "--partial-dir", str(tmp_path), "--log-dir", str(tmp_path)]) == 0
     rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
     assert rec["error"] is None
+    assert warmups == [True, False, False]
     assert [r["output_tok_s"] for r in rec["rows"]] == [200.0]
     assert [[r["output_tok_s"] for r in run] for run in rec["repeats"]] == [[300.0], [100.0], [200.0]]
     with pytest.raises(SystemExit, match="--repeats must be >= 1"):
