@@ -700,15 +700,19 @@ def cmd_run(args) -> int:
 # --- merge ---------------------------------------------------------------------
 
 def load_partials(partial_dirs: list[str]) -> list[dict]:
-    """Every e2e_partial record in the folders. Folders can hold runs of
-    different calls (a parity's stock arm kept from an earlier call): one
-    (model, arm) found twice is refused, not silently overwritten."""
+    """Every e2e_partial record in the folders (``e2e_*.json``, or
+    ``e2e_*.json.gz`` as archived runs with greedy dumps are kept). Folders
+    can hold runs of different calls (a parity's stock arm kept from an
+    earlier call): one (model, arm) found twice is refused, not silently
+    overwritten."""
+    import gzip
+
     records, seen = [], {}
     for partial_dir in partial_dirs:
         for name in sorted(os.listdir(partial_dir)):
-            if name.startswith("e2e_") and name.endswith(".json"):
+            if name.startswith("e2e_") and name.endswith((".json", ".json.gz")):
                 path = os.path.join(partial_dir, name)
-                with open(path) as f:
+                with (gzip.open if name.endswith(".gz") else open)(path, "rt") as f:
                     rec = json.load(f)
                 if rec.get("kind") != "e2e_partial":
                     continue

@@ -578,14 +578,17 @@ def test_fp32_activations_reach_every_arms_launch_and_env(models, tmp_path, monk
 
 def test_merge_reads_several_folders_and_refuses_an_arm_found_twice(tmp_path):
     """A parity's stock arm kept from one call merges with our arm from the
-    next; the same (model, arm) in two folders is an error, not a pick."""
+    next (an archived folder's partials gzipped); the same (model, arm) in two
+    folders is an error, not a pick."""
+    import gzip
+
     recs = _records()
     recs[0]["activations"] = "float32"
     first, second, out_dir = tmp_path / "a", tmp_path / "b", tmp_path / "results"
     first.mkdir(), second.mkdir()
     for i, rec in enumerate(recs):
-        folder = first if i % 2 else second
-        with open(bs.partial_path(str(folder), rec["model"], rec["arm"]), "w") as f:
+        path = bs.partial_path(str(first if i % 2 else second), rec["model"], rec["arm"])
+        with (open(path, "w") if i % 2 else gzip.open(path + ".gz", "wt")) as f:
             json.dump(rec, f)
     assert bs.main(["merge", "--partial-dir", str(first), str(second),
                     "--out-dir", str(out_dir)]) == 0
