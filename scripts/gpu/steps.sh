@@ -8,6 +8,7 @@
 # Steps (the records benchmarks/NOTES.md lists for the next GPU session):
 #   pytest        GPU-marked tests
 #   km / kg       kernel records kernels_{mamba2,gdn}_h200 (FlashInfer's JIT ~3 min cold)
+#   kg-dual       GDN dual precision vs a plain fp32 checkpoint (kernels_gdn_fold_<gpu>)
 #   parity[:M]    fp32-activation greedy parity, stock triton vs ours, of the 4-layer
 #                 model M (default qwen3-next-80b-4layer; e.g. parity:falcon-h1-4layer)
 #   parity-floor[:M]  the same plus each arm against itself in groups of 8 (noise floor)
@@ -57,6 +58,13 @@ for step in "$@"; do
     kg) timeout -k 10 "$l" python3 scripts/bench_kernels.py --out-dir "$OUT" --family gdn \
           --routes output_only,split --breakdown --deadline-s $(( l - 40 )) \
           --name kernels_gdn_h200 2>&1 | tail -30 ;;
+    kg-dual) # GDN dual precision (bf16 read copy + fp32 fold copy) beside a plain
+      # fp32 checkpoint, one run: is the cheap read worth the recomputing fold?
+      gpu=$(case $G in *H200*) echo h200;; *H100*) echo h100;; *) echo gpu;; esac)
+      timeout -k 10 "$l" python3 scripts/bench_kernels.py --out-dir "$OUT" --family gdn \
+        --shapes qwen3-next-80b --batches 64,256 --buffer-lens 16 --routes split \
+        --gdn-fold-copy --breakdown --deadline-s $(( l - 40 )) \
+        --name "kernels_gdn_fold_$gpu" 2>&1 | tail -30 ;;
     nemo|nemo:*|qwen|qwen:*)
       case $step in
         nemo*) model=nemotron-h-8b; arms="stock-flashinfer replayssm stock-triton"; h=280 ;;
