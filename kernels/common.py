@@ -64,9 +64,11 @@ class SplitConfig(LaunchConfig):
                   itself (the tile it just read, this token from the inputs)
                   and there is no (C) launch, so the fold_* knobs above do not
                   apply; False: (A) is the plain projection and (C) folds
-    fold_cols     project_fold only: dstate / K columns folded at a time,
+    fold_cols     project_fold: dstate / K columns folded at a time,
                   re-read from L2 (power of 2, >= 16), so that the fold does
-                  not size (A)'s registers; 0 = all of them in one chunk
+                  not size (A)'s registers; 0 = all of them in one chunk.
+                  Also (C)'s GDN fold with a fold copy (u recomputed): K
+                  columns per chunk of its two passes over the tile
     fold_bf16     project_fold only: where the key ring (Mamba-2: B, also
                   this token's B; GDN: k) is bf16, (A)'s fold dot runs as
                   bf16 MMAs on the weighted values split into 3 (fp32 state)

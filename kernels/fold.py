@@ -33,7 +33,7 @@ import triton.language as tl
 from .common import dot_precision, interpreting, ring_index
 
 __all__ = ["fold_dot", "weighted_dot", "fold_bf16_terms", "gdn_recompute_values",
-           "split_fold_kernel", "launch_split_fold"]
+           "gdn_values_from_products", "split_fold_kernel", "launch_split_fold"]
 
 
 @triton.jit
@@ -97,19 +97,28 @@ def gdn_recompute_values(h, vs, betas, ks, cum, pos, upto, BLOCK_S: tl.constexpr
 
         u_s = beta_s (v_s - exp(cum_s) h k_s - sum_{r<s} exp(cum_s - cum_r) (k_r . k_s) u_r)
 
-    i.e. (I + M) U = B with M[s, r] = beta_s exp(cum_s - cum_r) (k_r . k_s)
-    strictly lower triangular and B[s] = beta_s (v_s - exp(cum_s) h k_s).
-    M is nilpotent (M^S = 0), so (I + M)^-1 = (I - M)(I + M^2)(I + M^4)...
-    with log2(S) factors: a handful of [S, S] tl.dots instead of S
-    sequential substitution steps (which, unrolled, spill registers).
     vs: [S, R] raw values; betas, cum: [S]; ks: [S, K]; pos: [S] logical
     positions (any order: "r < s" is pos_r < pos_s); upto: [S] bool.
-    Returns U [S, R], zero outside ``upto``."""
-    offs_s = tl.arange(0, BLOCK_S)
+    Returns U [S, R], zero outside ``upto``. :func:`gdn_values_from_products`
+    is the same from the products h k_s and k_r . k_s, for a caller that
+    accumulates them over column chunks."""
     hk = tl.dot(ks, tl.trans(h), input_precision=DOT_PRECISION)          # [S, R]: h k_s
+    kk = tl.dot(ks, tl.trans(ks), input_precision=DOT_PRECISION)         # [S, S]: k_s . k_r
+    return gdn_values_from_products(hk, kk, vs, betas, cum, pos, upto, BLOCK_S, DOT_PRECISION)
+
+
+@triton.jit
+def gdn_values_from_products(hk, kk, vs, betas, cum, pos, upto, BLOCK_S: tl.constexpr,
+                             DOT_PRECISION: tl.constexpr):
+    """:func:`gdn_recompute_values` given hk [S, R] (h k_s) and kk [S, S]
+    (k_s . k_r): solves (I + M) U = B with M[s, r] = beta_s exp(cum_s - cum_r)
+    (k_r . k_s) strictly lower triangular and B[s] = beta_s (v_s - exp(cum_s)
+    h k_s). M is nilpotent (M^S = 0), so (I + M)^-1 = (I - M)(I + M^2)(I + M^4)...
+    with log2(S) factors: a handful of [S, S] tl.dots instead of S sequential
+    substitution steps (which, unrolled, spill registers)."""
+    offs_s = tl.arange(0, BLOCK_S)
     rhs = betas[:, None] * (vs - tl.exp(cum)[:, None] * hk)
     rhs = tl.where(upto[:, None], rhs, 0.0)
-    kk = tl.dot(ks, tl.trans(ks), input_precision=DOT_PRECISION)         # [S, S]: k_s . k_r
     lower = (pos[None, :] < pos[:, None]) & upto[:, None] & upto[None, :]
     neg = tl.where(lower, -betas[:, None] * tl.exp(tl.minimum(cum[:, None] - cum[None, :], 0.0))
                    * kk, 0.0)                                            # -M
@@ -132,7 +141,7 @@ def split_fold_kernel(
     s_gb_slot, s_gb_head, s_bb_slot, s_bb_head, s_A,
     ROWS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
     HAS_FOLD_COPY: tl.constexpr, FOLD_DOT: tl.constexpr, DT_GATED: tl.constexpr,
-    RECOMPUTE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    RECOMPUTE: tl.constexpr, FOLD_COLS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """(C) Persistent: every program scans the batch's cursors (ROWS rows at a
     time, as a vector), enumerates the work items (flushing row, head, row
@@ -175,14 +184,8 @@ def split_fold_kernel(
             offs_r = rblk * BLOCK_R + offs_r0
             mask_r = offs_r < rows
             m_rk = mask_r[:, None] & mask_k[None, :]
-            ck_off = slot * s_ck_slot + head * s_ck_head + offs_r[:, None] * s_ck_row \
-                + offs_k[None, :]
-            # converted to fp32 only where used: a conversion here would hold
-            # the ring loads below behind this tile's arrival
-            if HAS_FOLD_COPY:  # the fold copy is the precise one
-                h_in = tl.load(fold_ptr + ck_off, mask=m_rk, other=0.0)
-            else:
-                h_in = tl.load(ckpt_ptr + ck_off, mask=m_rk, other=0.0)
+            ck_row = slot * s_ck_slot + head * s_ck_head + offs_r[:, None] * s_ck_row
+            ck_off = ck_row + offs_k[None, :]
             if DT_GATED:  # Mamba-2: log decay A dt, input weight dt
                 A = tl.load(A_ptr + head * s_A).to(tl.float32)
             else:         # GDN: the ring holds the log decay g itself, weight 1
@@ -191,55 +194,95 @@ def split_fold_kernel(
             ring = ring_index(origin, offs_s, capacity)
             gs = tl.load(gbuf_ptr + slot * s_gb_slot + head * s_gb_head + ring,
                          mask=upto, other=0.0)
-            if FOLD_DOT:
-                # every ring load issued before the first reduction: the item's
-                # chain is slot -> origin -> ring -> fold -> store
+            total = tl.sum(gs * A, axis=0)
+            if RECOMPUTE:
+                # GDN with a fold copy (dot fold only): vbuf holds the raw v, u
+                # is recomputed from the precise copy. The tile and the keys
+                # pass in chunks of FOLD_COLS columns, twice (the products h k_s
+                # and k_r . k_s, then the fold; the second pass re-reads them
+                # from L2), so that neither lives whole in registers across the
+                # solve: whole, this item needed 255 registers and spilled
+                # (sm_90, scripts/kernel_regs.py)
                 vs = tl.load(vbuf_ptr + slot * s_vb_slot + head * s_vb_head
                              + ring[:, None] * s_vb_pos + offs_r[None, :],
-                             mask=upto[:, None] & mask_r[None, :], other=0.0)
-                ks = tl.load(kbuf_ptr + slot * s_kb_slot + group * s_kb_group
-                             + ring[:, None] * s_kb_pos + offs_k[None, :],
-                             mask=upto[:, None] & mask_k[None, :], other=0.0)
-                if RECOMPUTE:
-                    bs = tl.load(betabuf_ptr + slot * s_bb_slot + head * s_bb_head + ring,
-                                 mask=upto, other=0.0)
-                vs = vs.to(tl.float32)
-                ks = ks.to(tl.float32)
-            total = tl.sum(gs * A, axis=0)
-            h = h_in.to(tl.float32)
-            if FOLD_DOT:
-                cum = tl.cumsum(gs * A, axis=0)
-                if DT_GATED:
-                    w_in = gs
-                else:
-                    w_in = tl.where(upto, 1.0, 0.0)
-                if RECOMPUTE:
-                    # GDN with a fold copy: vbuf holds the raw v; u from h (precise)
-                    vs = gdn_recompute_values(h, vs, bs, ks, cum, offs_s, upto, BLOCK_S,
+                             mask=upto[:, None] & mask_r[None, :], other=0.0).to(tl.float32)
+                bs = tl.load(betabuf_ptr + slot * s_bb_slot + head * s_bb_head + ring,
+                             mask=upto, other=0.0)
+                k_row = kbuf_ptr + slot * s_kb_slot + group * s_kb_group + ring[:, None] * s_kb_pos
+                hk = tl.zeros([BLOCK_S, BLOCK_R], dtype=tl.float32)
+                kk = tl.zeros([BLOCK_S, BLOCK_S], dtype=tl.float32)
+                for c in tl.static_range(0, BLOCK_K, FOLD_COLS):
+                    offs_c = c + tl.arange(0, FOLD_COLS)
+                    mask_c = offs_c < dim
+                    h_c = tl.load(fold_ptr + ck_row + offs_c[None, :],
+                                  mask=mask_r[:, None] & mask_c[None, :], other=0.0)
+                    k_c = tl.load(k_row + offs_c[None, :], mask=upto[:, None] & mask_c[None, :],
+                                  other=0.0).to(tl.float32)
+                    hk += tl.dot(k_c, tl.trans(h_c), input_precision=DOT_PRECISION)
+                    kk += tl.dot(k_c, tl.trans(k_c), input_precision=DOT_PRECISION)
+                cum = tl.cumsum(gs, axis=0)
+                us = gdn_values_from_products(hk, kk, vs, bs, cum, offs_s, upto, BLOCK_S,
                                               DOT_PRECISION)
-                h = fold_dot(h, vs, ks, w_in, cum, upto, total, DOT_PRECISION, 0)
+                # fold_dot per chunk: exp(total) h + sum_s exp(total - cum_s) u_s k_s^T
+                a_w = us * tl.where(upto, tl.exp(tl.minimum(total - cum, 0.0)), 0.0)[:, None]
+                decay = tl.exp(total)
+                for c in tl.static_range(0, BLOCK_K, FOLD_COLS):
+                    offs_c = c + tl.arange(0, FOLD_COLS)
+                    m_c = mask_r[:, None] & (offs_c < dim)[None, :]
+                    h_c = tl.load(fold_ptr + ck_row + offs_c[None, :], mask=m_c, other=0.0)
+                    k_c = tl.load(k_row + offs_c[None, :],
+                                  mask=upto[:, None] & (offs_c < dim)[None, :],
+                                  other=0.0).to(tl.float32)
+                    h_c = h_c * decay + weighted_dot(a_w, k_c, DOT_PRECISION, 0)
+                    tl.store(ckpt_ptr + ck_row + offs_c[None, :],
+                             h_c.to(ckpt_ptr.dtype.element_ty), mask=m_c)
+                    tl.store(fold_ptr + ck_row + offs_c[None, :],
+                             h_c.to(fold_ptr.dtype.element_ty), mask=m_c)
             else:
-                # FMA outer products, one ring entry at a time (no [S, rows] /
-                # [S, K] tiles, no dot accumulator layout)
-                h = h * tl.exp(total)
-                run = total * 0.0
-                s = fill * 0
-                while s <= fill:
-                    r = ring_index(origin, s, capacity)
-                    d = tl.load(gbuf_ptr + slot * s_gb_slot + head * s_gb_head + r)
-                    run += d * A
-                    ws = tl.exp(tl.minimum(total - run, 0.0))
+                # converted to fp32 only where used: a conversion here would
+                # hold the ring loads below behind this tile's arrival
+                if HAS_FOLD_COPY:  # the fold copy is the precise one
+                    h_in = tl.load(fold_ptr + ck_off, mask=m_rk, other=0.0)
+                else:
+                    h_in = tl.load(ckpt_ptr + ck_off, mask=m_rk, other=0.0)
+                if FOLD_DOT:
+                    # every ring load issued before the first reduction: the
+                    # item's chain is slot -> origin -> ring -> fold -> store
+                    vs = tl.load(vbuf_ptr + slot * s_vb_slot + head * s_vb_head
+                                 + ring[:, None] * s_vb_pos + offs_r[None, :],
+                                 mask=upto[:, None] & mask_r[None, :], other=0.0)
+                    ks = tl.load(kbuf_ptr + slot * s_kb_slot + group * s_kb_group
+                                 + ring[:, None] * s_kb_pos + offs_k[None, :],
+                                 mask=upto[:, None] & mask_k[None, :], other=0.0)
+                    cum = tl.cumsum(gs * A, axis=0)
                     if DT_GATED:
-                        ws = ws * d
-                    vv = tl.load(vbuf_ptr + slot * s_vb_slot + head * s_vb_head + r * s_vb_pos
-                                 + offs_r, mask=mask_r, other=0.0).to(tl.float32)
-                    kv = tl.load(kbuf_ptr + slot * s_kb_slot + group * s_kb_group
-                                 + r * s_kb_pos + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-                    h += (vv * ws)[:, None] * kv[None, :]
-                    s += 1
-            tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rk)
-            if HAS_FOLD_COPY:
-                tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_rk)
+                        w_in = gs
+                    else:
+                        w_in = tl.where(upto, 1.0, 0.0)
+                    h = fold_dot(h_in.to(tl.float32), vs.to(tl.float32), ks.to(tl.float32),
+                                 w_in, cum, upto, total, DOT_PRECISION, 0)
+                else:
+                    # FMA outer products, one ring entry at a time (no [S, rows] /
+                    # [S, K] tiles, no dot accumulator layout)
+                    h = h_in.to(tl.float32) * tl.exp(total)
+                    run = total * 0.0
+                    s = fill * 0
+                    while s <= fill:
+                        r = ring_index(origin, s, capacity)
+                        d = tl.load(gbuf_ptr + slot * s_gb_slot + head * s_gb_head + r)
+                        run += d * A
+                        ws = tl.exp(tl.minimum(total - run, 0.0))
+                        if DT_GATED:
+                            ws = ws * d
+                        vv = tl.load(vbuf_ptr + slot * s_vb_slot + head * s_vb_head
+                                     + r * s_vb_pos + offs_r, mask=mask_r, other=0.0).to(tl.float32)
+                        kv = tl.load(kbuf_ptr + slot * s_kb_slot + group * s_kb_group
+                                     + r * s_kb_pos + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+                        h += (vv * ws)[:, None] * kv[None, :]
+                        s += 1
+                tl.store(ckpt_ptr + ck_off, h.to(ckpt_ptr.dtype.element_ty), mask=m_rk)
+                if HAS_FOLD_COPY:
+                    tl.store(fold_ptr + ck_off, h.to(fold_ptr.dtype.element_ty), mask=m_rk)
             i += nprog
         done += n_items
         start += ROWS
@@ -268,7 +311,8 @@ def launch_split_fold(checkpoint, checkpoint_fold, vbuf, kbuf, gbuf, fill, origi
     cfg: SplitConfig (fold_block, fold_warps, fold_programs, fold_rows, fold_dot),
     already checked by ``common.split_config``. GDN with a fold copy:
     ``beta_buffer`` [S, heads, cap] fp32 and vbuf the *raw* v ring; the fold
-    recomputes u from the fold copy (``gdn_recompute_values``, dot fold only)."""
+    recomputes u from the fold copy (``gdn_values_from_products``, dot fold
+    only), cfg.fold_cols key columns at a time (0: all)."""
     recompute = beta_buffer is not None
     assert not recompute or (A is None and checkpoint_fold is not None and cfg.fold_dot)
     _, H, R, K = checkpoint.shape
@@ -277,6 +321,7 @@ def launch_split_fold(checkpoint, checkpoint_fold, vbuf, kbuf, gbuf, fill, origi
     BLOCK_R = max(16, triton.next_power_of_2(R))
     fold_block = cfg.fold_block or BLOCK_R
     fold_rows = cfg.fold_rows or min(1024, triton.next_power_of_2(batch))
+    BLOCK_K = max(16, triton.next_power_of_2(K))
     nprog = cfg.fold_programs or fold_programs(checkpoint.device, cfg.fold_per_sm)
     split_fold_kernel[(nprog,)](
         checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
@@ -290,8 +335,9 @@ def launch_split_fold(checkpoint, checkpoint_fold, vbuf, kbuf, gbuf, fill, origi
         beta_buffer.stride(0) if recompute else 0, beta_buffer.stride(1) if recompute else 0,
         A.stride(0) if A is not None else 0,
         ROWS=fold_rows, BLOCK_S=BLOCK_S, BLOCK_R=fold_block,
-        BLOCK_K=max(16, triton.next_power_of_2(K)),
+        BLOCK_K=BLOCK_K,
         HAS_FOLD_COPY=checkpoint_fold is not None, FOLD_DOT=bool(cfg.fold_dot),
-        DT_GATED=A is not None, RECOMPUTE=recompute, DOT_PRECISION=dot_precision(),
+        DT_GATED=A is not None, RECOMPUTE=recompute,
+        FOLD_COLS=min(cfg.fold_cols or BLOCK_K, BLOCK_K), DOT_PRECISION=dot_precision(),
         num_warps=cfg.fold_warps,
     )

@@ -195,7 +195,7 @@ def mamba2():
                                 kbuf_ptr="*bf16", gbuf_ptr="*fp32"),
                            {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": N,
                             "HAS_FOLD_COPY": False, "FOLD_DOT": dot, "DT_GATED": True,
-                            "RECOMPUTE": False, "DOT_PRECISION": "tf32x3"}, nw)
+                            "RECOMPUTE": False, "FOLD_COLS": 128, "DOT_PRECISION": "tf32x3"}, nw)
 
 
 def gdn_split():
@@ -242,19 +242,21 @@ def gdn_split():
                             "origin_ptr": "*i32", "slot_ptr": "*i32", "A_ptr": "*fp32"},
                            {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": K,
                             "HAS_FOLD_COPY": False, "FOLD_DOT": dot, "DT_GATED": False,
-                            "RECOMPUTE": False, "DOT_PRECISION": "tf32x3"}, nw)
-    # dual precision: bf16 read copy, fp32 fold copy, u recomputed in the fold
-    for block in (32, 64):
-        for nw in (4, 8):
-            report(f"GDN (C) fold bf16+fp32 copy, recompute u, fold_block={block}",
-                   fd.split_fold_kernel,
-                   {"ckpt_ptr": "*bf16", "fold_ptr": "*fp32", "vbuf_ptr": "*bf16",
-                    "kbuf_ptr": "*fp32", "gbuf_ptr": "*fp32", "betabuf_ptr": "*fp32",
-                    "fill_ptr": "*i32", "origin_ptr": "*i32", "slot_ptr": "*i32",
-                    "A_ptr": "*fp32"},
-                   {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": K,
-                    "HAS_FOLD_COPY": True, "FOLD_DOT": True, "DT_GATED": False,
-                    "RECOMPUTE": True, "DOT_PRECISION": "tf32x3"}, nw)
+                            "RECOMPUTE": False, "FOLD_COLS": 128, "DOT_PRECISION": "tf32x3"}, nw)
+    # dual precision: bf16 read copy, fp32 fold copy, u recomputed in the fold,
+    # the tile and the keys in chunks of fold_cols columns
+    for block, cols, nw in ((32, 32, 4), (32, 32, 8), (32, 64, 4), (64, 32, 4), (64, 32, 8),
+                            (16, 32, 2), (16, 32, 4), (32, 128, 4)):
+        report(f"GDN (C) fold bf16+fp32 copy, recompute u, fold_block={block} "
+               f"fold_cols={cols}",
+               fd.split_fold_kernel,
+               {"ckpt_ptr": "*bf16", "fold_ptr": "*fp32", "vbuf_ptr": "*bf16",
+                "kbuf_ptr": "*fp32", "gbuf_ptr": "*fp32", "betabuf_ptr": "*fp32",
+                "fill_ptr": "*i32", "origin_ptr": "*i32", "slot_ptr": "*i32",
+                "A_ptr": "*fp32"},
+               {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": K,
+                "HAS_FOLD_COPY": True, "FOLD_DOT": True, "DT_GATED": False,
+                "RECOMPUTE": True, "FOLD_COLS": cols, "DOT_PRECISION": "tf32x3"}, nw)
 
 
 GDN_FUSED_PTRS = {"gbuf_ptr": "*fp32", "vbuf_ptr": "*bf16", "betabuf_ptr": "*fp32",

@@ -445,6 +445,22 @@ def test_fold_copy_keeps_the_recurrence_at_fp32(device, route):
         assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
 
 
+def test_fold_copy_recompute_in_column_chunks(device):
+    """(C)'s recomputing fold over K in chunks (fold_cols): K=48 (BLOCK_K 64)
+    in chunks of 16, the last one wholly masked, half-V items, 3 persistent
+    programs; the fold copy stays at fp32 accuracy over >= 2 flushes a row."""
+    pool = Pool(device, state=BF16, ring=BF16, kring=F32, K=48, L=4, seed=24, route="split",
+                fold=True)
+    pool.config = split(fold_block=16, fold_cols=16, fold_programs=3)
+    decode_steps(pool, torch.tensor([3], dtype=torch.int32, device=device), 2)  # stagger
+    slots = torch.tensor([3, -1, 1], dtype=torch.int32, device=device)
+    assert decode_steps(pool, slots, 9) >= 2 * 2
+    gdn_replay_flush(*pool.pool_args(), slots, buffer_len=pool.L, num_k_heads=pool.H,
+                     **pool.fold_kw())
+    commit(pool.fill, pool.origin, slots, mode=MODE_FLUSH, buffer_len=pool.L, capacity=pool.cap)
+    assert max(pool.rel(pool.fold[s], pool.ref[s]) for s in (3, 1)) < FOLD_TOL
+
+
 @pytest.mark.parametrize("route", ["fused", "fused_storage"])
 def test_fold_copy_through_verify_and_flush(device, route):
     """Chain verify with random acceptance and flush-only passes on a dual
