@@ -724,10 +724,20 @@ def default_config(head_v_dim: int, head_k_dim: int, state_dtype: torch.dtype,
         # (fp32), 128.1 vs 126.5 (bf16); b=64 66.7 vs 62.9, 37.7 vs 34.7
         # (results/diag/2026-12-06-h100/v2_gdn.md): (A)'s plain steps are
         # ~10 us slower while it waits for (W), more than (B) cost
+        if fold_copy:
+            # (C) recomputing u from the fold copy, H100, b=256 / 64, L=16,
+            # bf16 read copy (results/diag/2026-12-07-thirteenth): 16-row
+            # items at 2 warps, 4 per SM, 64 key columns a pass: 206.6 / 60.5
+            # us a step; 32 rows / 4 warps at 3 per SM (the plain fold's
+            # default, more than fit at 255 registers) 286.7 / 83.2; at 2 per
+            # SM 208.4 / 61.5; whole-K passes 210.5 / 65.4
+            return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
+                               out_warps=1 if batch >= 64 else 2, fold_block=16,
+                               fold_warps=2, fold_per_sm=4, fold_cols=64)
         return SplitConfig(block=cfg.block, num_warps=cfg.num_warps,
                            out_warps=1 if batch >= 64 else 2,
                            fold_per_sm=2 if state_dtype == torch.float32 else 3,
-                           project_fold=not fold_copy, fold_cols=32, overlap=not fold_copy)
+                           project_fold=True, fold_cols=32, overlap=True)
     return cfg
 
 
