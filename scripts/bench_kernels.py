@@ -856,7 +856,10 @@ class GDN(Family):
     def md_columns(self):
         pct = lambda v: fmt(v, ".0%")  # noqa: E731
         return [
-            ("shape", lambda r: r["shape"]), ("state", lambda r: r["state_dtype"]),
+            ("shape", lambda r: r["shape"]),
+            # a dual-precision row: the state column is the read copy's dtype
+            ("state", lambda r: r["state_dtype"] + (f" + {r['fold_copy']} fold copy"
+                                                    if r.get("fold_copy") else "")),
             ("L", lambda r: str(r["buffer_len"])), ("route", lambda r: r["route"]),
             ("u ring", lambda r: r.get("u_buffer_dtype", "n/a")),
             ("batch", lambda r: str(r["batch"])),
