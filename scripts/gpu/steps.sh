@@ -9,6 +9,8 @@
 #   pytest        GPU-marked tests
 #   km / kg       kernel records kernels_{mamba2,gdn}_h200 (FlashInfer's JIT ~3 min cold)
 #   kg-dual       GDN dual precision vs a plain fp32 checkpoint (kernels_gdn_fold_<gpu>)
+#   dual[:M]      the same served: ours with an fp32 checkpoint, then with a bf16 read
+#                 copy + fp32 fold copy (default M qwen3-next-80b)
 #   parity[:M]    fp32-activation greedy parity, stock triton vs ours, of the 4-layer
 #                 model M (default qwen3-next-80b-4layer; e.g. parity:falcon-h1-4layer)
 #   parity-floor[:M]  the same plus each arm against itself in groups of 8 (noise floor)
@@ -65,6 +67,16 @@ for step in "$@"; do
         --shapes qwen3-next-80b --batches 64,256 --buffer-lens 16 --routes split \
         --gdn-fold-copy --breakdown --deadline-s $(( l - 40 )) \
         --name "kernels_gdn_fold_$gpu" 2>&1 | tail -30 ;;
+    dual|dual:*) # served GDN dual precision (bf16 read copy + fp32 fold copy, its
+      # partial labelled replayssm-bfloat16, the fold flag in its launch command)
+      # after a plain fp32 checkpoint, on the same machine
+      model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b
+      serve --model "$model" --arms replayssm --batch-sizes 1 64 256 --repeats 3 \
+        --health-timeout 240
+      l=$(( BUDGET - ($(date +%s) - T0) ))
+      [ "$l" -gt 60 ] && serve --model "$model" --arms replayssm --checkpoint-dtype bfloat16 \
+        --server-args "--replayssm-fold-dtype float32" --batch-sizes 1 64 256 --repeats 3 \
+        --health-timeout 200 ;;
     nemo|nemo:*|qwen|qwen:*)
       case $step in
         nemo*) model=nemotron-h-8b; arms="stock-flashinfer replayssm stock-triton"; h=280 ;;
