@@ -592,6 +592,7 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
               "activations": "float32" if args.fp32_activations else "model",
               **env, "rows": [], "parity": None, "error": None}
     log(f"{tag}: launch: {shlex.join(launch)}")
+    runs = []  # each bench run's rows, kept if a later step fails
     try:
         server_env = dict(os.environ)
         server_env.pop(DUMMY_INIT_ENV, None)
@@ -610,7 +611,6 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
             log(f"{tag}: healthy after {record['healthy_after_s']}s")
             record["openai_check"] = check_openai(url)
             log(f"{tag}: chat + completions answered")
-            runs = []
             for i in range(args.repeats):
                 if os.path.exists(result_file):
                     os.remove(result_file)  # bench_one_batch_server appends
@@ -646,10 +646,7 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
                     record["error"] = (f"bench rc {proc.returncode}, batches measured "
                                        f"{[r['batch'] for r in rows]}: {proc.stdout[-1500:]}")
                     break
-            record["rows"] = median_rows(runs)
-            if args.repeats > 1:
-                record["repeats"] = [[{k: r.get(k) for k in REPEAT_KEYS} for r in rows]
-                                     for rows in runs]
+            keep_runs(record, runs, args.repeats)
             if args.parity:
                 prompts = parity_prompts(args.parity_prompts, args.input_len)
                 log(f"{tag}: greedy dump, {len(prompts)} prompts x {args.parity_tokens} tokens")
@@ -662,7 +659,17 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the partial records what failed
         record["error"] = f"{type(e).__name__}: {e}"
         log(f"{tag}: FAILED: {record['error']}")
+        if runs and not record["rows"]:  # e.g. a call's time limit cut the last repeat
+            keep_runs(record, runs, args.repeats)
     return record
+
+
+def keep_runs(record: dict, runs: list, repeats: int):
+    """The record's rows from the median of the runs made (all of them, or
+    those completed before a failure), and every run's figures."""
+    record["rows"] = median_rows(runs)
+    if repeats > 1:
+        record["repeats"] = [[{k: r.get(k) for k in REPEAT_KEYS} for r in rows] for rows in runs]
 
 
 def cmd_run(args) -> int:

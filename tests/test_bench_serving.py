@@ -526,6 +526,55 @@ def test_repeats_bench_the_same_server_and_keep_the_median(models, tmp_path, mon
                  "--partial-dir", str(tmp_path)])
 
 
+def test_a_cut_repeat_keeps_the_runs_made(models, tmp_path, monkeypatch):
+    """A call's time limit (SIGTERM -> SystemExit) during the third run: the
+    partial records the error and the median of the two runs completed."""
+    tok_s = iter([300.0, 100.0])
+
+    class FakeServer:
+        def __init__(self, cmd, log_path, env=None):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait_healthy(self, url, timeout):
+            return 1.0
+
+        def log_text(self):
+            return ""
+
+    real_run = bs.subprocess.run
+
+    def fake_run(cmd, **kw):
+        if "--result-filename" not in cmd:  # git, for the record's provenance
+            return real_run(cmd, **kw)
+        t = next(tok_s, None)
+        if t is None:
+            raise SystemExit("signal 15")
+        with open(cmd[cmd.index("--result-filename") + 1], "a") as f:
+            f.write(json.dumps({"run_name": "default", "batch_size": 64, "input_len": 512,
+                                "output_len": 256, "latency": 1.0, "input_throughput": 1.0,
+                                "output_throughput": t, "overall_throughput": 1.0,
+                                "last_ttft": 0.1, "last_gen_throughput": t}) + "\n")
+        return type("Proc", (), {"returncode": 0, "stdout": ""})()
+
+    monkeypatch.setattr(bs, "Server", FakeServer)
+    monkeypatch.setattr(bs, "check_openai", lambda url: {})
+    monkeypatch.setattr(bs.subprocess, "run", fake_run)
+    root = os.path.dirname(models["nemotron-h-8b"])
+    bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms", "stock-triton",
+             "--batch-sizes", "64", "--repeats", "3", "--partial-dir", str(tmp_path),
+             "--log-dir", str(tmp_path)])
+    rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
+    assert rec["error"] == "SystemExit: signal 15"
+    assert [r["output_tok_s"] for r in rec["rows"]] == [100.0]  # the lower of two: (2-1)//2
+    assert [[r["output_tok_s"] for r in run] for run in rec["repeats"]] == [[300.0], [100.0]]
+
+
 def test_fp32_activations_reach_every_arms_launch_and_env(models, tmp_path, monkeypatch):
     """--fp32-activations: --dtype float32 before --server-args (which may
     override it), the native-fp32-ops knob in the server's environment only

@@ -72,7 +72,7 @@ for step in "$@"; do
       # after a plain fp32 checkpoint, on the same machine
       model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b
       serve --model "$model" --arms replayssm --batch-sizes 1 64 256 --repeats 3 \
-        --health-timeout 240
+        --health-timeout 300
       l=$(( BUDGET - ($(date +%s) - T0) ))
       [ "$l" -gt 60 ] && serve --model "$model" --arms replayssm --checkpoint-dtype bfloat16 \
         --server-args "--replayssm-fold-dtype float32" --batch-sizes 1 64 256 --repeats 3 \
@@ -80,7 +80,9 @@ for step in "$@"; do
     nemo|nemo:*|qwen|qwen:*)
       case $step in
         nemo*) model=nemotron-h-8b; arms="stock-flashinfer replayssm stock-triton"; h=280 ;;
-        qwen*) model=qwen3-next-80b; arms="stock-triton replayssm sglang-replay"; h=240 ;;
+        # a cold machine's first 80B arm: 127 s (12-07 twelfth) to over 240 s
+        # (12-07 thirteenth: its prefill CUDA graphs took 149 s)
+        qwen*) model=qwen3-next-80b; arms="stock-triton replayssm sglang-replay"; h=300 ;;
       esac
       case $step in *:*) arms=${step#*:}; arms=${arms//,/ } ;; esac
       # shellcheck disable=SC2086  # one word per arm
