@@ -471,54 +471,65 @@ def test_median_rows_keeps_one_runs_whole_row():
     assert bs.median_rows([]) == []
 
 
-def test_repeats_bench_the_same_server_and_keep_the_median(models, tmp_path, monkeypatch):
-    """run_arm with --repeats 3 against a fake server: three bench runs, only
-    the first with warm-up batches, rows from the median one, every run's
-    figures in `repeats`."""
-    tok_s = iter([300.0, 100.0, 200.0])
-    warmups = []
+class _WarmServer:
+    """A Server stand-in that is healthy at once and logs nothing."""
 
-    class FakeServer:
-        def __init__(self, cmd, log_path, env=None):
-            self.text = ""
+    def __init__(self, cmd, log_path, env=None):
+        pass
 
-        def __enter__(self):
-            return self
+    def __enter__(self):
+        return self
 
-        def __exit__(self, *exc):
-            return False
+    def __exit__(self, *exc):
+        return False
 
-        def wait_healthy(self, url, timeout):
-            return 1.0
+    def wait_healthy(self, url, timeout):
+        return 1.0
 
-        def log_text(self):
-            return self.text
+    def log_text(self):
+        return ""
 
+
+def _fake_bench_runs(monkeypatch, throughputs):
+    """Serve run_arm from _WarmServer, each bench_one_batch_server run writing
+    the next of ``throughputs`` (batch 64); once they run out, the next run
+    is cut as a call's time limit cuts it (SIGTERM -> SystemExit). Returns
+    the list the bench commands are appended to."""
+    tok_s, benches = iter(throughputs), []
     real_run = bs.subprocess.run
 
     def fake_run(cmd, **kw):
         if "--result-filename" not in cmd:  # git, for the record's provenance
             return real_run(cmd, **kw)
-        t = next(tok_s)
-        warmups.append("--skip-warmup" not in cmd)
-        out = cmd[cmd.index("--result-filename") + 1]
-        with open(out, "a") as f:
+        benches.append(cmd)
+        t = next(tok_s, None)
+        if t is None:
+            raise SystemExit("signal 15")
+        with open(cmd[cmd.index("--result-filename") + 1], "a") as f:
             f.write(json.dumps({"run_name": "default", "batch_size": 64, "input_len": 512,
                                 "output_len": 256, "latency": 1.0, "input_throughput": 1.0,
                                 "output_throughput": t, "overall_throughput": 1.0,
                                 "last_ttft": 0.1, "last_gen_throughput": t}) + "\n")
         return type("Proc", (), {"returncode": 0, "stdout": f"output throughput: {t}\n"})()
 
-    monkeypatch.setattr(bs, "Server", FakeServer)
+    monkeypatch.setattr(bs, "Server", _WarmServer)
     monkeypatch.setattr(bs, "check_openai", lambda url: {})
     monkeypatch.setattr(bs.subprocess, "run", fake_run)
+    return benches
+
+
+def test_repeats_bench_the_same_server_and_keep_the_median(models, tmp_path, monkeypatch):
+    """run_arm with --repeats 3 against a fake server: three bench runs, only
+    the first with warm-up batches, rows from the median one, every run's
+    figures in `repeats`."""
+    benches = _fake_bench_runs(monkeypatch, [300.0, 100.0, 200.0])
     root = os.path.dirname(models["nemotron-h-8b"])
     assert bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms",
                     "stock-triton", "--batch-sizes", "64", "--repeats", "3",
                     "--partial-dir", str(tmp_path), "--log-dir", str(tmp_path)]) == 0
     rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
     assert rec["error"] is None
-    assert warmups == [True, False, False]
+    assert ["--skip-warmup" not in cmd for cmd in benches] == [True, False, False]
     assert [r["output_tok_s"] for r in rec["rows"]] == [200.0]
     assert [[r["output_tok_s"] for r in run] for run in rec["repeats"]] == [[300.0], [100.0], [200.0]]
     with pytest.raises(SystemExit, match="--repeats must be >= 1"):
@@ -529,46 +540,12 @@ def test_repeats_bench_the_same_server_and_keep_the_median(models, tmp_path, mon
 def test_a_cut_repeat_keeps_the_runs_made(models, tmp_path, monkeypatch):
     """A call's time limit (SIGTERM -> SystemExit) during the third run: the
     partial records the error and the median of the two runs completed."""
-    tok_s = iter([300.0, 100.0])
-
-    class FakeServer:
-        def __init__(self, cmd, log_path, env=None):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def wait_healthy(self, url, timeout):
-            return 1.0
-
-        def log_text(self):
-            return ""
-
-    real_run = bs.subprocess.run
-
-    def fake_run(cmd, **kw):
-        if "--result-filename" not in cmd:  # git, for the record's provenance
-            return real_run(cmd, **kw)
-        t = next(tok_s, None)
-        if t is None:
-            raise SystemExit("signal 15")
-        with open(cmd[cmd.index("--result-filename") + 1], "a") as f:
-            f.write(json.dumps({"run_name": "default", "batch_size": 64, "input_len": 512,
-                                "output_len": 256, "latency": 1.0, "input_throughput": 1.0,
-                                "output_throughput": t, "overall_throughput": 1.0,
-                                "last_ttft": 0.1, "last_gen_throughput": t}) + "\n")
-        return type("Proc", (), {"returncode": 0, "stdout": ""})()
-
-    monkeypatch.setattr(bs, "Server", FakeServer)
-    monkeypatch.setattr(bs, "check_openai", lambda url: {})
-    monkeypatch.setattr(bs.subprocess, "run", fake_run)
+    benches = _fake_bench_runs(monkeypatch, [300.0, 100.0])
     root = os.path.dirname(models["nemotron-h-8b"])
     bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms", "stock-triton",
              "--batch-sizes", "64", "--repeats", "3", "--partial-dir", str(tmp_path),
              "--log-dir", str(tmp_path)])
+    assert len(benches) == 3
     rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
     assert rec["error"] == "SystemExit: signal 15"
     assert [r["output_tok_s"] for r in rec["rows"]] == [100.0]  # the lower of two: (2-1)//2
