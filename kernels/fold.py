@@ -228,10 +228,10 @@ def split_fold_kernel(
                 decay = tl.exp(total)
                 for c in tl.static_range(0, BLOCK_K, FOLD_COLS):
                     offs_c = c + tl.arange(0, FOLD_COLS)
-                    m_c = mask_r[:, None] & (offs_c < dim)[None, :]
+                    mask_c = offs_c < dim
+                    m_c = mask_r[:, None] & mask_c[None, :]
                     h_c = tl.load(fold_ptr + ck_row + offs_c[None, :], mask=m_c, other=0.0)
-                    k_c = tl.load(k_row + offs_c[None, :],
-                                  mask=upto[:, None] & (offs_c < dim)[None, :],
+                    k_c = tl.load(k_row + offs_c[None, :], mask=upto[:, None] & mask_c[None, :],
                                   other=0.0).to(tl.float32)
                     h_c = h_c * decay + weighted_dot(a_w, k_c, DOT_PRECISION, 0)
                     tl.store(ckpt_ptr + ck_row + offs_c[None, :],

@@ -195,7 +195,7 @@ def mamba2():
                                 kbuf_ptr="*bf16", gbuf_ptr="*fp32"),
                            {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": N,
                             "HAS_FOLD_COPY": False, "FOLD_DOT": dot, "DT_GATED": True,
-                            "RECOMPUTE": False, "FOLD_COLS": 128, "DOT_PRECISION": "tf32x3"}, nw)
+                            "RECOMPUTE": False, "FOLD_COLS": N, "DOT_PRECISION": "tf32x3"}, nw)
 
 
 def gdn_split():
@@ -242,11 +242,11 @@ def gdn_split():
                             "origin_ptr": "*i32", "slot_ptr": "*i32", "A_ptr": "*fp32"},
                            {"ROWS": 256, "BLOCK_S": L, "BLOCK_R": block, "BLOCK_K": K,
                             "HAS_FOLD_COPY": False, "FOLD_DOT": dot, "DT_GATED": False,
-                            "RECOMPUTE": False, "FOLD_COLS": 128, "DOT_PRECISION": "tf32x3"}, nw)
+                            "RECOMPUTE": False, "FOLD_COLS": K, "DOT_PRECISION": "tf32x3"}, nw)
     # dual precision: bf16 read copy, fp32 fold copy, u recomputed in the fold,
     # the tile and the keys in chunks of fold_cols columns
     for block, cols, nw in ((32, 32, 4), (32, 32, 8), (32, 64, 4), (64, 32, 4), (64, 32, 8),
-                            (16, 32, 2), (16, 32, 4), (32, 128, 4)):
+                            (16, 32, 2), (16, 32, 4), (16, 64, 2), (32, K, 4)):
         report(f"GDN (C) fold bf16+fp32 copy, recompute u, fold_block={block} "
                f"fold_cols={cols}",
                fd.split_fold_kernel,
