@@ -525,16 +525,47 @@ def test_repeats_bench_the_same_server_and_keep_the_median(models, tmp_path, mon
     benches = _fake_bench_runs(monkeypatch, [300.0, 100.0, 200.0])
     root = os.path.dirname(models["nemotron-h-8b"])
     assert bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms",
-                    "stock-triton", "--batch-sizes", "64", "--repeats", "3",
+                    "stock-triton", "--batch-sizes", "64", "--repeats", "3", "--warmup-runs", "0",
                     "--partial-dir", str(tmp_path), "--log-dir", str(tmp_path)]) == 0
     rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
     assert rec["error"] is None
     assert ["--skip-warmup" not in cmd for cmd in benches] == [True, False, False]
     assert [r["output_tok_s"] for r in rec["rows"]] == [200.0]
     assert [[r["output_tok_s"] for r in run] for run in rec["repeats"]] == [[300.0], [100.0], [200.0]]
-    with pytest.raises(SystemExit, match="--repeats must be >= 1"):
-        bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--repeats", "0",
-                 "--partial-dir", str(tmp_path)])
+    assert "warmup_runs" not in rec
+    for flag in ("--repeats", "--warmup-runs"):
+        bad = "0" if flag == "--repeats" else "-1"
+        with pytest.raises(SystemExit, match=f"{flag} must be >= "):
+            bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, flag, bad,
+                     "--partial-dir", str(tmp_path)])
+
+
+def test_a_warmup_run_is_measured_apart_from_the_rows(models, tmp_path, monkeypatch):
+    """The default full-length warm-up run (bench's own warm-up batches in it
+    alone) precedes the measured repeats; its figures are kept apart and a
+    slow one does not reach the rows."""
+    benches = _fake_bench_runs(monkeypatch, [50.0, 300.0, 100.0])
+    root = os.path.dirname(models["nemotron-h-8b"])
+    assert bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms",
+                    "stock-triton", "--batch-sizes", "64", "--repeats", "2",
+                    "--partial-dir", str(tmp_path), "--log-dir", str(tmp_path)]) == 0
+    rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
+    assert ["--skip-warmup" not in cmd for cmd in benches] == [True, False, False]
+    assert [[r["output_tok_s"] for r in run] for run in rec["warmup_runs"]] == [[50.0]]
+    assert [[r["output_tok_s"] for r in run] for run in rec["repeats"]] == [[300.0], [100.0]]
+    assert [r["output_tok_s"] for r in rec["rows"]] == [100.0]  # the lower of two, not 50
+
+
+def test_a_run_cut_during_warmup_has_no_rows(models, tmp_path, monkeypatch):
+    """A call's time limit during the warm-up run: the partial records the
+    error and the warm-up's figures, but no rows to merge."""
+    _fake_bench_runs(monkeypatch, [])
+    root = os.path.dirname(models["nemotron-h-8b"])
+    bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms", "stock-triton",
+             "--batch-sizes", "64", "--partial-dir", str(tmp_path), "--log-dir", str(tmp_path)])
+    rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
+    assert rec["error"] == "SystemExit: signal 15"
+    assert rec["rows"] == [] and "warmup_runs" not in rec
 
 
 def test_a_cut_repeat_keeps_the_runs_made(models, tmp_path, monkeypatch):
@@ -543,8 +574,8 @@ def test_a_cut_repeat_keeps_the_runs_made(models, tmp_path, monkeypatch):
     benches = _fake_bench_runs(monkeypatch, [300.0, 100.0])
     root = os.path.dirname(models["nemotron-h-8b"])
     bs.main(["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms", "stock-triton",
-             "--batch-sizes", "64", "--repeats", "3", "--partial-dir", str(tmp_path),
-             "--log-dir", str(tmp_path)])
+             "--batch-sizes", "64", "--repeats", "3", "--warmup-runs", "0",
+             "--partial-dir", str(tmp_path), "--log-dir", str(tmp_path)])
     assert len(benches) == 3
     rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_stock-triton.json"))
     assert rec["error"] == "SystemExit: signal 15"

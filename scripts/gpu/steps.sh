@@ -52,7 +52,7 @@ for step in "$@"; do
       arms=(stock-triton replayssm); case $step in parity-ours*) arms=(replayssm) ;; esac
       model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
       serve --model "$model" --arms "${arms[@]}" --parity "${floor[@]}" \
-        --dummy-init scaled --fp32-activations --batch-sizes 1 --output-len 16 \
+        --dummy-init scaled --fp32-activations --batch-sizes 1 --output-len 16 --warmup-runs 0 \
         --health-timeout 200 ;;
     km) timeout -k 10 "$l" python3 scripts/bench_kernels.py --out-dir "$OUT" --family mamba2 \
           --batches 1,2,4,8,32,64,128,256,512 --routes output_only,split --breakdown \
@@ -71,11 +71,11 @@ for step in "$@"; do
       # partial labelled replayssm-bfloat16, the fold flag in its launch command)
       # after a plain fp32 checkpoint, on the same machine
       model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b
-      serve --model "$model" --arms replayssm --batch-sizes 1 64 256 --repeats 3 \
+      serve --model "$model" --arms replayssm --batch-sizes 1 64 256 --repeats 2 \
         --health-timeout 300
       l=$(( BUDGET - ($(date +%s) - T0) ))
       [ "$l" -gt 60 ] && serve --model "$model" --arms replayssm --checkpoint-dtype bfloat16 \
-        --server-args "--replayssm-fold-dtype float32" --batch-sizes 1 64 256 --repeats 3 \
+        --server-args "--replayssm-fold-dtype float32" --batch-sizes 1 64 256 --repeats 2 \
         --health-timeout 200 ;;
     nemo|nemo:*|qwen|qwen:*)
       case $step in
@@ -86,7 +86,7 @@ for step in "$@"; do
       esac
       case $step in *:*) arms=${step#*:}; arms=${arms//,/ } ;; esac
       # shellcheck disable=SC2086  # one word per arm
-      serve --model "$model" --arms $arms --batch-sizes 1 64 256 --repeats 3 \
+      serve --model "$model" --arms $arms --batch-sizes 1 64 256 --repeats 2 \
         --health-timeout "$h" ;;
     *) echo "[steps] unknown step $step" ;;
   esac
