@@ -907,7 +907,7 @@ def markdown(doc: dict) -> str:
             fd = p["first_divergence"]
             fd_text = "none" if fd is None else (
                 f"prompt {fd['prompt']} at token {fd['position']}, logprob gap "
-                f"{_fmt(fd['logprob_gap'], 4)}")
+                f"{_fmt_small(fd['logprob_gap'])}")
             arm = p.get("arm", REPLAY_ARM) + (" (noise floor)" if p.get("noise_floor") else "")
             lines.append(f"| {p['model']} | {arm} | {p['checkpoint_dtype'] or '–'} | "
                          f"{p['stock_arm']} | "

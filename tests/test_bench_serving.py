@@ -631,6 +631,11 @@ def test_fp32_activations_reach_every_arms_launch_and_env(models, tmp_path, monk
     assert "| sglang | float32 |" in md
     assert bs._fmt_small(3.3855e-05) == "3.4e-05" and bs._fmt_small(0.0123) == "0.0123"
     assert bs._fmt_small(0.0) == "0.0000" and bs._fmt_small(None) == "–"
+    # a near-tie divergence names its gap, not 0.0000
+    tie = dict(entry, first_divergence={"prompt": 50, "position": 125, "logprob_gap": 2.9e-06})
+    md = bs.markdown({"command": "c", "git_commit": "abc", "gpu": "g", "versions": {},
+                      "created": "t", "rows": [], "runs": [], "greedy_parity": [tie]})
+    assert "prompt 50 at token 125, logprob gap 2.9e-06 |" in md
 
 
 def test_merge_reads_several_folders_and_refuses_an_arm_found_twice(tmp_path):
