@@ -1004,8 +1004,9 @@ def main(argv=None) -> int:
                           "--repeats, left out of the rows (their figures are kept as "
                           "`warmup_runs`): bench_one_batch_server's own warm-up decodes 16 "
                           "tokens, and the first full run at batch 256 came out 1.6-15%% "
-                          "below the next ones in 12 of 16 arms measured at 3 runs (H100, "
-                          "2026-12-06/07) while the server's median step was the same")
+                          "below the mean of the later ones in 12 of 16 arms measured at 2-3 "
+                          "runs (H100, 2026-12-06/07) while the server's decode steps were the "
+                          "same")
     run.add_argument("--input-len", type=int, default=512)
     run.add_argument("--output-len", type=int, default=256)
     run.add_argument("--parity", action="store_true",
