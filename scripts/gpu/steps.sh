@@ -16,7 +16,7 @@
 #   parity-floor[:M]  the same plus each arm against itself in groups of 8 (noise floor)
 #   parity-ours[:M]   only our arm (its dump merges with a stock partial kept from an
 #                 earlier call: bench_serving.py merge checks both saw the same prompts)
-#   nemo / qwen   served bs 1/64/256 x3: Nemotron-H-8B (flashinfer, ours, triton),
+#   nemo / qwen   served bs 1/64/256, 1 warm-up + 2 measured runs: Nemotron-H-8B (flashinfer, ours, triton),
 #                 Qwen3-Next-80B (triton, ours, SGLang's replay); nemo:A,B / qwen:A,B
 #                 runs only those arms (three 80B-class arms may not fit one call)
 # Everything lands in $OUT, packed into one archive (pack_out.sh). The device
