@@ -19,7 +19,7 @@ import make_model  # noqa: E402
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
-    names = ["nemotron-h-8b", "qwen3-next-80b", "falcon-h1-4layer"]
+    names = ["nemotron-h-8b", "qwen3-next-80b", "falcon-h1-4layer", "qwen3.5-4b"]
     make_model.write_model_configs(str(root), names)
     return {n: make_model.model_dir(str(root), n) for n in names}
 
@@ -31,6 +31,7 @@ def _flag_value(cmd, flag):
 def test_families_and_arms(models):
     assert bs.model_family(models["nemotron-h-8b"]) == "mamba2"
     assert bs.model_family(models["qwen3-next-80b"]) == "gdn"
+    assert bs.model_family(models["qwen3.5-4b"]) == "gdn"
     assert bs.arms_for("mamba2") == ["stock-triton", "stock-flashinfer", "replayssm"]
     assert bs.arms_for("gdn") == ["stock-triton", "sglang-replay", "replayssm"]
     # the noise-floor arm runs only when named

@@ -25,7 +25,7 @@ def model_root(tmp_path_factory):
 
 def test_every_model_and_its_4layer_variant_exist():
     names = set(make_model.MODELS)
-    for base in ("nemotron-h-8b", "nemotron-3-nano-4b", "qwen3-next-80b"):
+    for base in ("nemotron-h-8b", "nemotron-3-nano-4b", "qwen3-next-80b", "qwen3.5-4b"):
         assert base in names and f"{base}-4layer" in names
     assert {"falcon-h1-4layer", "granite-4.0-h-4layer"} <= names
 
@@ -50,8 +50,11 @@ def test_sglang_derives_the_intended_ssm_shape(model_root, name):
         # the mixer reads mamba_n_groups, the cache params n_groups (SGLANG_0517.md 3.2)
         assert cfg.mamba_n_groups == cfg.n_groups == want["groups"]
         assert cfg.conv_kernel == 4
-    if cfg_json["model_type"] == "qwen3_next":
+    if cfg_json["model_type"] in ("qwen3_next", "qwen3_5_text"):
         assert cfg.linear_num_key_heads == want["groups"]
+    if cfg_json["model_type"] == "qwen3_5_text":
+        # the dense text model: no MoE fields, SGLang's MLP choice reads the type
+        assert "moe" not in cfg.model_type and "num_experts" not in cfg_json
 
 
 def test_real_layer_counts():
@@ -61,6 +64,7 @@ def test_real_layer_counts():
     assert len(make_model.MODELS["nemotron-3-nano-4b"][0]["hybrid_override_pattern"]) == 42
     assert make_model.MODELS["qwen3-next-80b"][0]["num_hidden_layers"] == 48
     assert make_model.MODELS["qwen3-next-80b"][0]["num_experts"] == 64
+    assert make_model.MODELS["qwen3.5-4b"][0]["num_hidden_layers"] == 32
 
 
 def test_tiny_tokenizer_is_deterministic_and_loads(tmp_path):
