@@ -672,12 +672,14 @@ def keep_runs(record: dict, runs: list, repeats: int, warmups: list = ()):
     """The record's rows from the median of the measured runs made (all of
     them, or those completed before a failure), every run's figures, and
     apart from them the warm-up runs' (never in the rows)."""
+    def figures(some_runs):
+        return [[{k: r.get(k) for k in REPEAT_KEYS} for r in rows] for rows in some_runs]
+
     record["rows"] = median_rows(runs)
     if repeats > 1:
-        record["repeats"] = [[{k: r.get(k) for k in REPEAT_KEYS} for r in rows] for rows in runs]
+        record["repeats"] = figures(runs)
     if warmups:
-        record["warmup_runs"] = [[{k: r.get(k) for k in REPEAT_KEYS} for r in rows]
-                                 for rows in warmups]
+        record["warmup_runs"] = figures(warmups)
 
 
 def cmd_run(args) -> int:
