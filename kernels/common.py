@@ -265,6 +265,56 @@ def ring_cumsum(x, pos, STORAGE_ORDER: tl.constexpr):
         return tl.cumsum(x, axis=0)
 
 
+@triton.jit
+def tree_paths(x, cum, pos, fill, parent_ptr, T: tl.constexpr):
+    """Tree verify (both families): the window's T drafts form a tree,
+    ``parent_ptr[j]`` = the window index of draft j's parent (< j), or -1
+    for a draft that follows the committed history. A chain's
+    :func:`ring_cumsum` sums ``x`` (the per-token log decays) over every
+    earlier draft; a tree draft's prefix holds only its ancestors. Returns
+    (cum, path): ``cum`` with each window position's value replaced by the
+    history's total plus ``x`` over the draft's ancestors and itself, and
+    ``path`` [S] int64, at each window position the bitmask of window indices
+    on its draft's path (itself included), 0 elsewhere. Parents come before
+    children, so one pass in window order sees each parent done."""
+    cum_hist = tl.sum(tl.where(pos == fill - 1, cum, 0.0), axis=0)  # 0 for an empty history
+    path = tl.zeros_like(pos).to(tl.int64)
+    for j in tl.static_range(T):
+        p = tl.load(parent_ptr + j)
+        at_parent = (pos == fill + p) & (p >= 0)
+        base = tl.where(p >= 0, tl.sum(tl.where(at_parent, cum, 0.0), axis=0), cum_hist)
+        ancestors = tl.sum(tl.where(at_parent, path, 0), axis=0)
+        at = pos == fill + j
+        cum = tl.where(at, base + tl.sum(tl.where(at, x, 0.0), axis=0), cum)
+        path = tl.where(at, ancestors | (tl.full([], 1, tl.int64) << j), path)
+    return cum, path
+
+
+@triton.jit
+def on_path(path, pos, q, is_hist, is_win, win):
+    """The positions draft ``q`` (a logical position in the window) sees in a
+    tree verify: the history and the drafts on its path (itself included);
+    ``path`` from :func:`tree_paths`, the rest from :func:`ring_positions`."""
+    bits = tl.sum(tl.where(pos == q, path, 0), axis=0)
+    return is_hist | (is_win & (((bits >> win.to(tl.int64)) & 1) != 0))
+
+
+def check_parents(parents, batch: int, T: int, validate: bool):
+    """A tree verify's ``parents`` [batch, T]: int32, contiguous; with
+    ``validate`` every entry in [-1, j) (parents before children)."""
+    check(parents.dtype == torch.int32 and tuple(parents.shape) == (batch, T)
+          and parents.stride(-1) == 1,
+          f"parents must be int32 [batch={batch}, T={T}] contiguous in T, got "
+          f"{parents.dtype} {tuple(parents.shape)}")
+    check(T <= 63, f"tree verify takes at most 63 draft tokens per row (a path is an int64 "
+                   f"bitmask), got T={T}")
+    if validate and batch:
+        j = torch.arange(T, device=parents.device, dtype=torch.int32)
+        bad = (parents < -1) | (parents >= j)
+        check(not bool(bad.any()), "parents[:, j] must lie in [-1, j) (each draft's parent "
+                                   "comes before it in the window; -1 = the committed history)")
+
+
 def check(cond: bool, msg: str):
     if not cond:
         raise ValueError(msg)

@@ -24,6 +24,12 @@ between them. What is folded depends on the mode:
   accepted``; rejected drafts are simply not counted (rollback = no move).
 * ``MODE_FLUSH`` (T = 0): fold everything buffered, ``fill = origin = 0``.
 
+A tree verify (drafts with parents, e.g. EAGLE with topk > 1) appends draft
+j at window position j like a chain; the accepted drafts form a path
+through the tree, not a prefix of the window. :func:`accept_path` first
+moves the path's entries to window positions 0 .. accepted-1 (every ring,
+every layer); then the commit above counts them as for a chain.
+
 Invariant after every commit: ``fill <= buffer_len - 1`` (needs
 ``T < buffer_len``). A step touches logical positions ``< fill + T <=
 buffer_len - 1 + T``, so a ring of ``capacity >= buffer_len - 1 + T`` never
@@ -41,7 +47,7 @@ MODE_VERIFY = 1
 MODE_FLUSH = 2
 
 __all__ = ["MODE_DECODE", "MODE_VERIFY", "MODE_FLUSH", "max_positions", "required_capacity", "commit",
-           "commit_ref", "flushes_ref"]
+           "commit_ref", "flushes_ref", "accept_path", "accept_path_ref"]
 
 
 def max_positions(buffer_len: int, window: int) -> int:
@@ -161,3 +167,111 @@ def commit(fill: torch.Tensor, origin: torch.Tensor, slots: torch.Tensor, *, mod
     _commit_kernel[(triton.cdiv(batch, BLOCK),)](
         fill, origin, slots, accepted if accepted is not None else slots, batch, buffer_len,
         capacity, WINDOW=window, MODE=mode, BLOCK=BLOCK, num_warps=4)
+
+
+def accept_path_ref(ring, fill, origin, slots, path, accepted, capacity):
+    """PyTorch version of :func:`accept_path` for one ring [S, heads, cap, ...]
+    (for tests; updates in place)."""
+    for r, s in enumerate(slots.tolist()):
+        if s < 0:
+            continue
+        f, o = int(fill[s]), int(origin[s])
+        for k in range(int(accepted[r])):
+            src = (o + f + int(path[r, k])) % capacity
+            dst = (o + f + k) % capacity
+            ring[s, :, dst] = ring[s, :, src]
+
+
+@triton.jit
+def _accept_path_kernel(ring_ptr, fill_ptr, origin_ptr, slot_ptr, path_ptr, accepted_ptr,
+                        capacity, D, s_layer, s_slot, s_head, s_pos, s_path_row,
+                        T: tl.constexpr, BLOCK_D: tl.constexpr):
+    row = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    layer = tl.program_id(2).to(tl.int64)
+    slot = tl.load(slot_ptr + row).to(tl.int64)
+    if slot < 0:  # padded row: untouched
+        return
+    fill = tl.load(fill_ptr + slot)
+    origin = tl.load(origin_ptr + slot)
+    acc = tl.load(accepted_ptr + row)
+    base = ring_ptr + layer * s_layer + slot * s_slot + head * s_head
+    offs = tl.arange(0, BLOCK_D)
+    # in path order: path[k] >= k, so an entry moves down onto a position
+    # whose own entry has already moved (or is not on the path)
+    for k in tl.static_range(T):
+        # memory safety: an index outside the window is clamped into it
+        p = tl.minimum(tl.maximum(tl.load(path_ptr + row * s_path_row + k), 0), T - 1)
+        move = (k < acc) & (p != k)
+        src = ring_index(origin, fill + p, capacity).to(tl.int64)
+        dst = ring_index(origin, fill + k, capacity).to(tl.int64)
+        m = (offs < D) & move
+        v = tl.load(base + src * s_pos + offs, mask=m)
+        tl.store(base + dst * s_pos + offs, v, mask=m)
+        tl.debug_barrier()
+
+
+def accept_path(rings, fill: torch.Tensor, origin: torch.Tensor, slots: torch.Tensor,
+                path: torch.Tensor, accepted: torch.Tensor, *, capacity: int,
+                stacked: bool = False, parents: torch.Tensor | None = None,
+                validate: bool = False) -> None:
+    """After a tree verify, before :func:`commit`: move the accepted drafts'
+    ring entries to the first window positions, so the buffer holds the
+    accepted path in order. Reads the cursors as the verify step saw them.
+
+    rings:     ring tensors [S, heads, cap, ...] (one layer) or, with
+               ``stacked``, [layers, S, heads, cap, ...] (a pool's, every
+               layer at once); any dtype, the innermost dim contiguous
+    fill, origin: [S] int32 cursors, not modified (``commit`` follows)
+    slots:     [batch] int32/int64, -1 = padded row (untouched)
+    path:      [batch, T] int32: path[r, k] = the window index of row r's
+               k-th accepted draft (strictly increasing along the path);
+               entries k >= accepted[r] are ignored
+    accepted:  [batch] int32: drafts accepted on the path (the bonus token
+               included), as ``commit`` takes them
+    parents:   optional [batch, T] int32 of the verify; with ``validate``
+               the path is checked to follow it from a draft whose parent is
+               -1 (host sync)
+    A chain needs no call (its path is 0, 1, ...).
+    """
+    if path.dtype != torch.int32 or path.dim() != 2 or path.shape[0] != slots.shape[0] \
+            or path.stride(-1) != 1:
+        raise ValueError(f"path must be int32 [batch={slots.shape[0]}, T] contiguous in T, got "
+                         f"{path.dtype} {tuple(path.shape)}")
+    if accepted.dtype != torch.int32 or accepted.shape != slots.shape:
+        raise ValueError(f"accepted must be int32 [batch={slots.shape[0]}], got "
+                         f"{accepted.dtype} {tuple(accepted.shape)}")
+    batch, T = path.shape
+    if validate and batch:
+        live = slots >= 0
+        k = torch.arange(T, device=path.device)
+        taken = live[:, None] & (k[None, :] < accepted[:, None].long())
+        ok = bool(((accepted >= 0) & (accepted <= T))[live].all())
+        ok &= bool(((path >= 0) & (path < T))[taken].all())
+        ok &= bool((path[:, 1:] > path[:, :-1])[taken[:, 1:]].all())
+        if parents is not None:
+            p = parents.long().gather(1, path.long().clamp(0, T - 1))  # parent of each path entry
+            prev = torch.cat([torch.full_like(path[:, :1], -1), path[:, :-1]], 1).long()
+            ok &= bool((p == prev)[taken].all())
+        if not ok:
+            raise ValueError("path must list, for k < accepted, strictly increasing window "
+                             "indices in [0, T) that follow the verify's parents from a draft "
+                             "whose parent is -1")
+    if batch == 0:
+        return
+    for ring in rings:
+        if ring.stride(-1) != 1:
+            raise ValueError("rings must be contiguous in their last dim")
+        r = ring if stacked else ring.unsqueeze(0)
+        if r.dim() == 4:  # a scalar per entry (log decays, gates)
+            r = r.unsqueeze(-1)
+        if r.dim() != 5 or r.shape[3] != capacity:
+            raise ValueError(f"ring must be [{'layers, ' if stacked else ''}S, heads, "
+                             f"capacity={capacity}, ...], got {tuple(ring.shape)}")
+        layers, _, heads, _, D = r.shape
+        if D > 4096:
+            raise ValueError(f"ring entries of {D} elements a head: at most 4096")
+        _accept_path_kernel[(batch, heads, layers)](
+            r, fill, origin, slots, path, accepted, capacity, D,
+            r.stride(0), r.stride(1), r.stride(2), r.stride(3), path.stride(0),
+            T=T, BLOCK_D=triton.next_power_of_2(max(D, 16)), num_warps=1)

@@ -67,9 +67,10 @@ import triton
 import triton.language as tl
 
 from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
-                     check_live_cursors, check_pool, dot_precision, let_dependents_launch,
-                     overlap_launch, ring_block, ring_cumsum, ring_index, ring_positions,
-                     softplus, split_config, split_step_cursors, wait_for_prior_launch)
+                     check_live_cursors, check_parents, check_pool, dot_precision,
+                     let_dependents_launch, on_path, overlap_launch, ring_block, ring_cumsum,
+                     ring_index, ring_positions, softplus, split_config, split_step_cursors,
+                     tree_paths, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_bf16_terms, fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
@@ -180,7 +181,7 @@ def _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos, fill, 
 @triton.jit
 def _gdn_replay_kernel(
     ckpt_ptr, fold_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr,
-    fill_ptr, origin_ptr, slot_ptr,
+    fill_ptr, origin_ptr, slot_ptr, parent_ptr,
     qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
     H, HV, K, V, buffer_len, capacity,
     s_ck_slot, s_ck_head, s_ck_v,
@@ -189,8 +190,8 @@ def _gdn_replay_kernel(
     s_gb_slot, s_gb_head,
     s_vb_slot, s_vb_head, s_vb_pos, s_bb_slot, s_bb_head,
     s_qkv_row, s_qkv_t, s_a_row, s_a_t, s_b_row, s_b_t,
-    s_o_row, s_o_t, s_o_head,
-    T: tl.constexpr, MODE: tl.constexpr,
+    s_o_row, s_o_t, s_o_head, s_par_row,
+    T: tl.constexpr, MODE: tl.constexpr, TREE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, STORAGE_ORDER: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -252,6 +253,8 @@ def _gdn_replay_kernel(
         g_j = -tl.exp(A_log) * softplus(a_j + dt_bias)
         g_s = tl.where(pos == fill + j, g_j, g_s)
     cum = ring_cumsum(g_s, pos, STORAGE_ORDER)
+    if TREE:  # verify of a draft tree: each draft decays along its own path
+        cum, path = tree_paths(g_s, cum, pos, fill, parent_ptr + row * s_par_row, T)
 
     no_win = offs_s < 0
     if MODE == 2:
@@ -286,7 +289,11 @@ def _gdn_replay_kernel(
             b_j = tl.load(b_ptr + row * s_b_row + j * s_b_t + hv)
             beta = tl.sigmoid(b_j.to(tl.float32)).to(b_j.dtype).to(tl.float32)
             decay = tl.exp(cum_q)
-            w = tl.where(pos < q_pos, tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)    # [S]
+            if TREE:  # the history and the draft's ancestors
+                sees = on_path(path, pos, q_pos, is_hist, is_win, win) & (pos != q_pos)
+            else:  # the history and every earlier draft
+                sees = pos < q_pos
+            w = tl.where(sees, tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)       # [S]
             kk = tl.sum(ks * k_j[None, :], axis=1)                              # k_s . k_j
             kq = tl.sum(ks * q_j[None, :], axis=1)                              # k_s . q_j
             # u_j = beta (v_j - (decayed state before j) k_j)
@@ -779,7 +786,8 @@ def _check_fold_copy(checkpoint, checkpoint_fold, v_buffer, beta_buffer, cap):
 
 def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, mixed_qkv,
             a, b, A_log, dt_bias, scale, out, buffer_len, num_k_heads, use_qk_l2norm, config,
-            validate, route="auto", checkpoint_fold=None, v_buffer=None, beta_buffer=None):
+            validate, route="auto", checkpoint_fold=None, v_buffer=None, beta_buffer=None,
+            parents=None):
     num_slots, HV, V, K = checkpoint.shape
     H = num_k_heads
     cap = u_buffer.shape[2]
@@ -827,6 +835,8 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
                f"out must be [batch, T, HV, V], got {tuple(out.shape)}")
         if validate:
             check_finite(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    if parents is not None:
+        check_parents(parents, batch, T, validate)
     if validate:
         check_live_cursors(fill, slot_ids, num_slots, buffer_len)
     BLOCK_S = ring_block(buffer_len, T, cap)
@@ -860,10 +870,11 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     o = out if out is not None else g_buffer.new_empty(batch, 1, 1, 1)
     vb = v_buffer if has_fold else u_buffer  # placeholders: not read without a fold copy
     bb = beta_buffer if has_fold else g_buffer
+    par = parents if parents is not None else slot_ids  # placeholder: read only by a tree
     grid = (triton.cdiv(V, cfg.block), HV, batch)
     _gdn_replay_kernel[grid](
         checkpoint, checkpoint_fold if has_fold else checkpoint, k_buffer, u_buffer, g_buffer,
-        vb, bb, fill, origin, slot_ids,
+        vb, bb, fill, origin, slot_ids, par,
         qkv, a_, b_, A_log if A_log is not None else g_buffer,
         dt_bias if dt_bias is not None else g_buffer, o, float(scale),
         H, HV, K, V, buffer_len, cap,
@@ -873,8 +884,9 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         g_buffer.stride(0), g_buffer.stride(1),
         vb.stride(0), vb.stride(1), vb.stride(2), bb.stride(0), bb.stride(1),
         qkv.stride(0), qkv.stride(1), a_.stride(0), a_.stride(1), b_.stride(0), b_.stride(1),
-        o.stride(0), o.stride(1), o.stride(2),
-        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_V=cfg.block, BLOCK_K=BLOCK_K,
+        o.stride(0), o.stride(1), o.stride(2), par.stride(0),
+        T=T, MODE=mode, TREE=parents is not None, BLOCK_S=BLOCK_S, BLOCK_V=cfg.block,
+        BLOCK_K=BLOCK_K,
         USE_QK_L2NORM=use_qk_l2norm, HAS_FOLD_COPY=has_fold, STORAGE_ORDER=cfg.storage_order,
         DOT_PRECISION=dot_precision(), num_warps=cfg.num_warps,
     )
@@ -1036,15 +1048,25 @@ def gdn_replay_decode(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
 def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                       mixed_qkv, a, b, A_log, dt_bias, scale, *, buffer_len, num_k_heads,
                       out=None, use_qk_l2norm=True, route="auto", config=None,
-                      checkpoint_fold=None, v_buffer=None, beta_buffer=None, validate=False):
-    """Chain verification of T draft tokens per row, output-only.
+                      checkpoint_fold=None, v_buffer=None, beta_buffer=None, parents=None,
+                      validate=False):
+    """Verification of T draft tokens per row, a chain or a tree, output-only.
 
     As :func:`gdn_replay_decode` with a window dim: mixed_qkv [b, T, dim],
     a/b [b, T, HV], out [b, T, HV, V]. Each draft's corrected value depends
-    on the earlier drafts; they are computed in order inside the kernel from
-    one checkpoint read and appended to the ring after the committed history.
+    on the drafts before it on its path; they are computed in window order
+    inside the kernel from one checkpoint read and appended to the ring
+    after the committed history, draft j at window position j.
+        parents      None: a chain (draft j follows draft j-1). Else [b, T]
+                     int32: draft j's parent's window index (< j), -1 for a
+                     draft that follows the committed history (a tree, e.g.
+                     EAGLE's with topk > 1: draft j sees only its ancestors; SGLang's
+                     ``retrieve_parent_token`` with its first entry set to -1)
     The checkpoint is written only when the flush rule fires, and then with
-    the committed history alone. Afterwards ``commit(mode=MODE_VERIFY, ...)``.
+    the committed history alone. Afterwards, for a tree,
+    ``cursors.accept_path`` moves the accepted drafts' entries to the first
+    window positions (every ring of every layer); then, chain or tree,
+    ``commit(mode=MODE_VERIFY, ...)``.
     The split route is decode-only: ``route="split"`` raises ValueError (a
     pool decoded on the split route verifies with the fused kernel).
     """
@@ -1053,7 +1075,7 @@ def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
     return _launch(MODE_VERIFY, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids,
                    mixed_qkv, a, b, A_log, dt_bias, scale, out, buffer_len, num_k_heads,
                    use_qk_l2norm, config, validate, route, checkpoint_fold, v_buffer,
-                   beta_buffer)
+                   beta_buffer, parents)
 
 
 def gdn_replay_flush(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, *,

@@ -21,6 +21,8 @@ from sglang_replayssm.kernels.gdn_replay import (gdn_replay_decode, gdn_replay_f
                                                  gdn_replay_verify)
 from sglang_replayssm.reference import gdn_prepare_ref, gdn_step_ref
 
+from draft_trees import random_paths, random_tree  # noqa: E402 (tests/ helper)
+
 F32, BF16 = torch.float32, torch.bfloat16
 TOL = {F32: 1e-5, BF16: 2e-2}
 FOLD_TOL = 1e-5  # the fp32 fold copy vs float64, however coarse the read copy
@@ -104,11 +106,12 @@ class Pool:
         return qkv.to(self.dev), self.randn(*shape, self.HV).to(self.dev), \
             self.randn(*shape, self.HV).to(self.dev)
 
-    def eager(self, slot, qkv, a, b):
-        """One float64 step of the reference on the twin's slot; returns o [HV, V]."""
+    def eager(self, slot, qkv, a, b, state=None):
+        """One float64 step of the reference from the twin's slot (or from
+        ``state`` [HV, V, K]); returns o [HV, V] and the state after it."""
         p = gdn_prepare_ref(qkv[None].cpu(), a[None].cpu(), b[None].cpu(), self.A_log.cpu(),
                             self.dt_bias.cpu(), self.H, self.HV, self.K, self.V, self.scale)
-        st = self.ref[slot:slot + 1].clone()
+        st = (self.ref[slot] if state is None else state)[None].clone()
         o = gdn_step_ref(st, p["q"], p["k"], p["v"], p["g"], p["beta"])[0]
         return o, st[0]
 
@@ -146,6 +149,16 @@ class Pool:
             if j + 1 == accepted:
                 kept = state.clone()
         self.ref[s] = kept
+
+    def check_tree(self, s, y, qkv, a, b, parents, path):
+        """Tree verify outputs of one row (y [T, HV, V]): draft j against the
+        float64 decode of the drafts on its path from the twin's state; then
+        the twin takes the state after the accepted ``path``."""
+        after = {}
+        for j, p in enumerate(parents):
+            o, after[j] = self.eager(s, qkv[j], a[j], b[j], None if p < 0 else after[p])
+            assert self.rel(y[j], o) < self.tol, f"draft {j} of tree {parents}"
+        self.ref[s] = after[int(path[-1])].clone()
 
     def rel(self, got, ref):
         return float((got.double().cpu() - ref).abs().max() / ref.abs().max().clamp_min(1e-12))
@@ -243,6 +256,96 @@ def test_verify_random_acceptance(device, route):
     commit(pool.fill, pool.origin, slots, mode=MODE_FLUSH, buffer_len=L, capacity=pool.cap)
     for s in (4, 1):
         assert int(pool.fill[s]) == 0 and pool.rel(pool.ckpt[s], pool.ref[s]) < pool.tol
+
+
+@pytest.mark.parametrize("route,fold", [("fused_storage", False), ("fused", True)],
+                         ids=["fused_storage", "fused-fold-copy"])
+def test_tree_verify_random_trees_and_paths(device, route, fold):
+    """Tree verify: random draft trees (several roots at times), every
+    draft's output against the float64 recurrence along its own path, then a
+    random accepted path moved into place (accept_path) and committed, over
+    >= 2 verify flushes per row; then decode on the same pool. Dual
+    precision: the raw rings move with the others and the fold copy stays
+    at fp32 accuracy."""
+    T, L = 3, 5
+    kw = dict(state=BF16, ring=BF16, kring=F32, fold=True) if fold else {}
+    pool = Pool(device, ratio=2, L=L, T=T, seed=17, route=route, **kw)
+    slots = torch.tensor([4, -1, 1], dtype=torch.int32, device=device)
+    gen = torch.Generator().manual_seed(18)
+    flushes = {4: 0, 1: 0}
+    for _ in range(8):
+        qkv, a, b = pool.inputs(3, T)
+        trees = [random_tree(gen, T) for _ in range(3)]
+        parents = torch.tensor(trees, dtype=torch.int32)
+        fill0 = pool.fill.cpu().clone()
+        y = gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
+                              pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True,
+                              config=pool.config, parents=parents.to(device), **pool.fold_kw())
+        path, acc = random_paths(gen, trees, T)
+        for r, s in enumerate(slots.tolist()):
+            if s < 0:
+                assert bool((y[r] == 0).all())
+                continue
+            if fill0[s] + T >= L:
+                flushes[s] += 1
+                pool.check_flushed(s)
+            pool.check_tree(s, y[r], qkv[r], a[r], b[r], trees[r], path[r, :int(acc[r])])
+        rings = [pool.kb, pool.ub, pool.gb] + ([pool.vb, pool.bb] if fold else [])
+        cur.accept_path(rings, pool.fill, pool.origin, slots, path.to(device), acc.to(device),
+                        capacity=pool.cap, parents=parents.to(device), validate=True)
+        commit(pool.fill, pool.origin, slots, mode=MODE_VERIFY, buffer_len=L, capacity=pool.cap,
+               window=T, accepted=acc.to(device), validate=True)
+    assert min(flushes.values()) >= 2
+    decode_steps(pool, slots, 2)  # reads the moved entries
+
+
+def test_tree_verify_of_a_chain_is_chain_verify(device):
+    """parents j-1 (a chain written as a tree) gives chain verify's outputs
+    and ring entries."""
+    T, L = 3, 5
+    pools = [Pool(device, L=L, T=T, seed=19) for _ in range(2)]
+    slots = torch.tensor([2, 5], dtype=torch.int32, device=device)
+    chain = torch.tensor([[-1, 0, 1]] * 2, dtype=torch.int32, device=device)
+    for _ in range(3):
+        ys = []
+        for p, parents in zip(pools, (None, chain)):
+            qkv, a, b = p.inputs(2, T)
+            ys.append(gdn_replay_verify(*p.pool_args(), slots, qkv, a, b, p.A_log, p.dt_bias,
+                                        p.scale, buffer_len=L, num_k_heads=p.H, parents=parents))
+            commit(p.fill, p.origin, slots, mode=MODE_VERIFY, buffer_len=L, capacity=p.cap,
+                   window=T, accepted=torch.full((2,), T, dtype=torch.int32, device=device))
+        assert (ys[0] - ys[1]).abs().max() <= 1e-6 * ys[0].abs().max()
+    for name in ("ckpt", "kb", "ub", "gb"):
+        a, b = (getattr(p, name)[[2, 5]].nan_to_num(7.0) for p in pools)
+        assert (a - b).abs().max() <= 1e-6 * a.abs().max(), name
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_accept_path_moves_the_path_entries(device, stacked):
+    """accept_path against its PyTorch reference on rings of every shape
+    (vector and scalar entries, one layer or stacked), wrapped windows,
+    a padded row, paths of every length."""
+    gen = torch.Generator().manual_seed(23)
+    S, T, cap = 5, 4, 9
+    fill = torch.tensor([0, 5, 2, 8, 1], dtype=torch.int32)
+    origin = torch.tensor([0, 6, 8, 3, 2], dtype=torch.int32)
+    slots = torch.tensor([1, -1, 3, 2, 4], dtype=torch.int32)
+    trees = [random_tree(gen, T) for _ in range(5)]
+    path, acc = random_paths(gen, trees, T)
+    lead = (3,) if stacked else ()
+    rings = [torch.randn(*lead, S, 2, cap, 6, generator=gen),
+             torch.randn(*lead, S, 2, cap, generator=gen)]
+    want = [r.clone() for r in rings]
+    for w in want:
+        for layer in (w if stacked else [w]):
+            cur.accept_path_ref(layer, fill, origin, slots, path, acc, cap)
+    got = [r.clone().to(device) for r in rings]
+    cur.accept_path(got, fill.to(device), origin.to(device), slots.to(device), path.to(device),
+                    acc.to(device), capacity=cap, stacked=stacked,
+                    parents=torch.tensor(trees, dtype=torch.int32).to(device), validate=True)
+    assert int(acc.max()) > 1 and any(p != list(range(len(p))) for p in path.tolist())
+    for r, g, w in zip(rings, got, want):
+        assert torch.equal(g.cpu(), w) and not torch.equal(r, w)
 
 
 @pytest.mark.parametrize("route", ["fused", "split"])
@@ -558,7 +661,24 @@ def test_bad_input_is_rejected(device):
     with pytest.raises(ValueError, match="mixed_qkv` contains NaN"):
         gdn_replay_verify(*pool.pool_args(), slots, bad, a, b, pool.A_log, pool.dt_bias,
                           pool.scale, validate=True, **kw)
+    i32 = dict(dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="parents must be int32"):
+        gdn_replay_verify(*pool.pool_args(), *args, parents=torch.tensor([[-1, 0]], device=device),
+                          **kw)
+    with pytest.raises(ValueError, match=r"parents\[:, j\] must lie in \[-1, j\)"):
+        gdn_replay_verify(*pool.pool_args(), *args, parents=torch.tensor([[-1, 1]], **i32),
+                          validate=True, **kw)
     assert int(pool.fill[1]) == 0 and bool(pool.kb.isnan().all())  # nothing was written
+    ok = dict(capacity=pool.cap, validate=True)
+    with pytest.raises(ValueError, match="path must list"):  # not increasing
+        cur.accept_path([pool.kb], pool.fill, pool.origin, slots, torch.tensor([[1, 0]], **i32),
+                        torch.tensor([2], **i32), **ok)
+    with pytest.raises(ValueError, match="path must list"):  # 1 is not a child of 0
+        cur.accept_path([pool.kb], pool.fill, pool.origin, slots, torch.tensor([[0, 1]], **i32),
+                        torch.tensor([2], **i32), parents=torch.tensor([[-1, -1]], **i32), **ok)
+    with pytest.raises(ValueError, match=r"ring must be \[S, heads, capacity"):
+        cur.accept_path([pool.kb[:, :, :3]], pool.fill, pool.origin, slots,
+                        torch.tensor([[0, 1]], **i32), torch.tensor([2], **i32), **ok)
 
 
 def test_split_route_rejects_verify_flush_and_bad_config(device):
