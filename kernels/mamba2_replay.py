@@ -64,10 +64,10 @@ import triton
 import triton.language as tl
 
 from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
-                     check_fold_copy, check_live_cursors, check_pool, dot_precision,
-                     let_dependents_launch, overlap_launch, ring_block, ring_cumsum,
-                     ring_index, ring_positions, softplus, split_config, split_step_cursors,
-                     wait_for_prior_launch)
+                     check_fold_copy, check_live_cursors, check_parents, check_pool,
+                     dot_precision, let_dependents_launch, on_path, overlap_launch, ring_block,
+                     ring_cumsum, ring_index, ring_positions, softplus, split_config,
+                     split_step_cursors, tree_paths, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_bf16_terms
 from .fold import fold_dot as _fold
@@ -140,7 +140,7 @@ def _flush(h_c, ckpt_ptr, fold_ptr, ck_off, m_pn, xs, Bs, dt, cum, upto, total,
 @triton.jit
 def _mamba2_replay_kernel(
     ckpt_ptr, fold_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr,
-    fill_ptr, origin_ptr, slot_ptr,
+    fill_ptr, origin_ptr, slot_ptr, parent_ptr,
     x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, A_ptr, D_ptr, dt_bias_ptr, out_ptr,
     heads_per_group, headdim, dstate, buffer_len, capacity,
     s_ck_slot, s_ck_head, s_ck_p,
@@ -153,8 +153,8 @@ def _mamba2_replay_kernel(
     s_C_row, s_C_t, s_C_group,
     s_z_row, s_z_t, s_z_head,
     s_o_row, s_o_t, s_o_head,
-    s_A, s_D, s_dtb,
-    T: tl.constexpr, MODE: tl.constexpr,
+    s_A, s_D, s_dtb, s_par_row,
+    T: tl.constexpr, MODE: tl.constexpr, TREE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     RECONSTRUCT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
@@ -217,6 +217,8 @@ def _mamba2_replay_kernel(
         xs = tl.where(at[:, None], x_j[None, :], xs)
         Bs = tl.where(at[:, None], B_j[None, :], Bs)
     cum = ring_cumsum(dt * A, pos, STORAGE_ORDER)
+    if TREE:  # verify of a draft tree: each draft decays along its own path
+        cum, path = tree_paths(dt * A, cum, pos, fill, parent_ptr + row * s_par_row, T)
 
     if MODE == 0:
         # ---- decode: one token at position `fill`, always accepted ----
@@ -265,7 +267,10 @@ def _mamba2_replay_kernel(
                 C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
                               mask=mask_n, other=0.0).to(tl.float32)
                 cum_q = tl.sum(tl.where(pos == q, cum, 0.0), axis=0)
-                live = pos <= q
+                if TREE:  # the history, the draft's ancestors and itself
+                    live = on_path(path, pos, q, is_hist, is_win, win)
+                else:  # the history, every earlier draft and itself
+                    live = pos <= q
                 w = tl.where(live, tl.exp(tl.minimum(cum_q - cum, 0.0)) * dt, 0.0)
                 decay = tl.exp(cum_q)
                 if RECONSTRUCT:
@@ -725,7 +730,7 @@ def _per_head(t: torch.Tensor | None, name: str, nheads: int, batch_dims: int = 
 
 def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
             x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, buffer_len, checkpoint_fold,
-            route, config, validate):
+            route, config, validate, parents=None):
     num_slots, H, P, N = checkpoint.shape
     G = B_buffer.shape[1]
     cap = x_buffer.shape[2]
@@ -773,6 +778,8 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         check(out.shape == x.shape and out.stride(-1) == 1, "out must have the shape of x")
         if validate:
             check_finite(x=x, dt=dt, B=B, C=C, z=z)
+    if parents is not None:
+        check_parents(parents, batch, T, validate)
     A = _per_head(A, "A", H)
     D = _per_head(D, "D", H)
     dt_bias = _per_head(dt_bias, "dt_bias", H)
@@ -799,10 +806,11 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     Cw = C if C is not None else Bw
     zs = z if z is not None else xs
     outs = out if out is not None else xs
+    par = parents if parents is not None else slot_ids  # placeholder: read only by a tree
     grid = (triton.cdiv(P, cfg.block), H, batch)
     _mamba2_replay_kernel[grid](
         checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
-        x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+        x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids, par,
         xs, dts, Bw, Cw, zs, A, D if D is not None else dummy,
         dt_bias if dt_bias is not None else dummy, outs,
         H // G, P, N, buffer_len, cap,
@@ -817,8 +825,8 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         zs.stride(0), zs.stride(1), zs.stride(2),
         outs.stride(0), outs.stride(1), outs.stride(2),
         A.stride(0), D.stride(0) if D is not None else 0,
-        dt_bias.stride(0) if dt_bias is not None else 0,
-        T=T, MODE=mode, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
+        dt_bias.stride(0) if dt_bias is not None else 0, par.stride(0),
+        T=T, MODE=mode, TREE=parents is not None, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
         RECONSTRUCT=(route == "reconstruct"), HAS_FOLD_COPY=checkpoint_fold is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=dt_softplus, STORAGE_ORDER=cfg.storage_order,
@@ -987,16 +995,23 @@ def mamba2_replay_decode(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin
 def mamba2_replay_verify(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
                          x, dt, A, B, C, *, buffer_len, D=None, z=None, dt_bias=None,
                          dt_softplus=True, out=None, checkpoint_fold=None, route="auto",
-                         config=None, validate=False):
-    """Chain verification of T draft tokens per row, output-only.
+                         config=None, parents=None, validate=False):
+    """Verification of T draft tokens per row, a chain or a tree, output-only.
 
     Same tensors as :func:`mamba2_replay_decode` with a window dim:
     x [b, T, H, P], dt [b, T, H] (or [b, T, H, P] stride 0), B/C [b, T, G, N],
     z/out [b, T, H, P]. The T tokens are appended to the ring after the row's
-    committed history and all T outputs come from one checkpoint read; the
-    checkpoint is written only when the row's flush rule fires, and then only
-    with the committed history (drafts are never folded before acceptance).
-    Afterwards call ``cursors.commit(mode=MODE_VERIFY, accepted=...)``.
+    committed history (draft j at window position j) and all T outputs come
+    from one checkpoint read; the checkpoint is written only when the row's
+    flush rule fires, and then only with the committed history (drafts are
+    never folded before acceptance).
+        parents  None: a chain (draft j follows draft j-1). Else [b, T] int32:
+                 draft j's parent's window index (< j), -1 for a draft that
+                 follows the committed history (a tree: draft j's output
+                 sees only its ancestors; SGLang's
+                 ``retrieve_parent_token`` with its first entry set to -1)
+    Afterwards, for a tree, ``cursors.accept_path`` (every ring, every
+    layer); then ``cursors.commit(mode=MODE_VERIFY, accepted=...)``.
     Needs ``T < buffer_len`` and ``capacity >= buffer_len - 1 + T``.
     The split route is decode-only: ``route="split"`` raises ValueError.
     """
@@ -1005,7 +1020,7 @@ def mamba2_replay_verify(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin
     dt = _per_head(dt, "dt", x.shape[2], batch_dims=2)
     return _launch(MODE_VERIFY, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
                    x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, buffer_len, checkpoint_fold,
-                   route, config, validate)
+                   route, config, validate, parents)
 
 
 def mamba2_replay_flush(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids, A, *,

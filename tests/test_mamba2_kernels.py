@@ -29,11 +29,13 @@ import pytest
 import torch
 
 from sglang_replayssm.kernels import mamba2_replay as m2
-from sglang_replayssm.kernels.cursors import (MODE_DECODE, MODE_FLUSH, MODE_VERIFY, commit,
-                                              commit_ref, required_capacity)
+from sglang_replayssm.kernels.cursors import (MODE_DECODE, MODE_FLUSH, MODE_VERIFY, accept_path,
+                                              commit, commit_ref, required_capacity)
 from sglang_replayssm.kernels.mamba2_replay import (mamba2_replay_decode, mamba2_replay_flush,
                                                     mamba2_replay_verify)
 from sglang_replayssm.reference import selective_state_update_ref
+
+from draft_trees import random_paths, random_tree  # noqa: E402 (tests/ helper)
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 DT_NAMES = {F32: "f32", BF16: "bf16", F16: "f16"}
@@ -181,7 +183,7 @@ class Pool:
                     route="output_only" if fused else self.cfg.route,
                     config=None if fused else self.config, validate=True)
 
-    def run_kernel(self, mode, slots, inp=None, out=None):
+    def run_kernel(self, mode, slots, inp=None, out=None, parents=None):
         """Launch one step's kernel (no commit); returns out [b, T, H, P]."""
         if mode == MODE_FLUSH:
             mamba2_replay_flush(*self.pool_args(), slots, self.A, buffer_len=self.L,
@@ -198,21 +200,26 @@ class Pool:
             assert res.data_ptr() == out.data_ptr() and res.shape == out[:, 0].shape
         else:
             res = mamba2_replay_verify(*self.pool_args(), slots, inp["x"], inp["dt"], self.A,
-                                       inp["B"], inp["C"], z=inp["z"], out=out,
+                                       inp["B"], inp["C"], z=inp["z"], out=out, parents=parents,
                                        **self.kernel_kwargs(mode))
             assert res is out
         return out
 
-    def ref_chain(self, slots, inp):
+    def ref_chain(self, slots, inp, trees=None):
         """Eager float64 steps of the live rows over the window's tokens, from
-        the reference state (not modified). Returns (rows, y [nl, T, H, P],
-        states after each token [T][nl, H, P, N])."""
+        the reference state (not modified): in order, or with ``trees`` (per
+        batch row a parents list) each draft from its parent's state. Returns
+        (rows, y [nl, T, H, P], states after each token [T][nl, H, P, N])."""
         rows = (slots >= 0).nonzero().flatten()
-        tmp = self.ref[slots[rows].long()].clone()
+        start = self.ref[slots[rows].long()]
+        tmp = start.clone()
         idx = torch.arange(len(rows), device=self.device)
         ys, states = [], []
         pick = lambda k, j: None if inp[k] is None else inp[k][rows, j]  # noqa: E731
         for j in range(inp["x"].shape[1]):
+            if trees is not None:
+                tmp = torch.stack([start[i] if trees[r][j] < 0 else states[trees[r][j]][i]
+                                   for i, r in enumerate(rows.tolist())])
             ys.append(selective_state_update_ref(
                 tmp, pick("x", j), pick("dt", j), self.A, pick("B", j), pick("C", j), D=self.D,
                 z=pick("z", j), dt_bias=self.dt_bias, dt_softplus=self.softplus,
@@ -244,8 +251,10 @@ class Pool:
             err = rel_err(self.checkpoint[idx], ref)
             assert err <= self.tol_state, f"{what}: checkpoint off the reference by {err:.2e}"
 
-    def step(self, slots, mode, T=1, accepted=None, what=""):
-        """Kernel + reference + all checks + commit. Returns the flushed slots."""
+    def step(self, slots, mode, T=1, accepted=None, what="", trees=None):
+        """Kernel + reference + all checks + commit. Returns the flushed slots.
+        ``trees`` (verify): per batch row the drafts' parents (a tree verify,
+        a random accepted path moved into place by accept_path)."""
         if not torch.is_tensor(slots):
             slots = self.slot_tensor(slots)
         T = 1 if mode == MODE_DECODE else (0 if mode == MODE_FLUSH else T)
@@ -261,8 +270,10 @@ class Pool:
         else:
             inp = self.inputs(len(slots), T)
             sentinel = torch.full_like(inp["x"], SENTINEL)
-            out = self.run_kernel(mode, slots, inp, out=sentinel.clone())
-            rows, y_ref, states = self.ref_chain(slots, inp)
+            parents = None if trees is None else torch.tensor(trees, dtype=torch.int32,
+                                                              device=self.device)
+            out = self.run_kernel(mode, slots, inp, out=sentinel.clone(), parents=parents)
+            rows, y_ref, states = self.ref_chain(slots, inp, trees)
             err = rel_err(out[rows], y_ref)
             assert err <= self.tol_out, f"{what}: outputs off the reference by {err:.2e}"
             assert bit_equal(out[~live], sentinel[~live]), f"{what}: padded row's out written"
@@ -283,7 +294,15 @@ class Pool:
         for n, t in before.items():
             assert bit_equal(getattr(self, n)[others], t[others]), f"{what}: {n} of a free slot"
         assert bit_equal(self.fill, before["fill"]) and bit_equal(self.origin, before["origin"])
-        if mode == MODE_VERIFY:
+        if mode == MODE_VERIFY and trees is not None:
+            path, accepted = random_paths(self.gen, trees, T)
+            last = path.gather(1, (accepted[:, None] - 1).long())[:, 0][live.cpu()]
+            self.ref[ls] = torch.stack([states[j][i] for i, j in enumerate(last.tolist())])
+            accepted = accepted.to(self.device)
+            accept_path([self.x_buffer, self.B_buffer, self.dt_buffer], self.fill, self.origin,
+                        slots, path.to(self.device), accepted, capacity=self.cap,
+                        parents=parents, validate=True)
+        elif mode == MODE_VERIFY:
             if accepted is None:
                 accepted = torch.randint(1, T + 1, (len(slots),), generator=self.gen)
             accepted = torch.as_tensor(accepted, dtype=torch.int32).to(self.device)
@@ -561,6 +580,28 @@ def test_verify_random_acceptance(device, T, L, cfg):
         pool.step(slots, MODE_VERIFY, T=T, what=f"step {step}")
     assert all(pool.flushes.get(s, 0) >= 2 for s in (5, 0, 3)), pool.flushes
     assert pool.wrapped
+
+
+TREE_CASES = [
+    (3, 5, Cfg(P=24, config=(BP16, NW2))),
+    (3, 5, Cfg(state=BF16, fold=True, route="reconstruct", config=(SO,))),
+]
+
+
+@pytest.mark.parametrize("T,L,cfg", TREE_CASES, ids=lambda v: getattr(v, "id", str(v)))
+def test_tree_verify_random_trees_and_paths(device, T, L, cfg):
+    """Tree verify: random draft trees (several roots at times); every
+    draft's output against the float64 recurrence along its own path; a
+    random accepted path moved into place (accept_path) and committed; >= 2
+    verify flushes per row, then decode steps reading the moved entries."""
+    pool = Pool(device, cfg, seed=31, S=6, L=L, T=T)
+    slots = [4, -1, 1]
+    for step in range(10):
+        pool.step(slots, MODE_VERIFY, T=T, what=f"step {step}",
+                  trees=[random_tree(pool.gen, T) for _ in slots])
+    assert all(pool.flushes.get(s, 0) >= 2 for s in (4, 1)), pool.flushes
+    for step in range(2):
+        pool.step(slots, MODE_DECODE, what=f"decode {step}")
 
 
 @pytest.mark.parametrize("route,config", [("reconstruct", ()), ("split", ()),
