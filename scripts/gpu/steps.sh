@@ -7,6 +7,7 @@
 #   bash scripts/gpu/steps.sh 570 nemo        # Nemotron-H-8B served, three arms
 # Steps (the records benchmarks/NOTES.md lists for the next GPU session):
 #   pytest        GPU-marked tests
+#   pytest:EXPR   the tests pytest -k EXPR selects, on the GPU (e.g. pytest:tree)
 #   km / kg       kernel records kernels_{mamba2,gdn}_h200 (FlashInfer's JIT ~3 min cold)
 #   kg-dual       GDN dual precision vs a plain fp32 checkpoint (kernels_gdn_fold_<gpu>)
 #   dual[:M]      the same served: ours with an fp32 checkpoint, then with a bf16 read
@@ -47,6 +48,9 @@ for step in "$@"; do
   case $step in
     pytest) timeout -k 5 "$l" python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 \
               | tee "$OUT/pytest_gpu.log" | tail -5 ;;
+    pytest:*) # the CPU tests selected by -k EXPR, compiled for the GPU
+      timeout -k 5 "$l" python3 -m pytest -q tests/ -k "${step#*:}" -p no:cacheprovider 2>&1 \
+        | tee "$OUT/pytest_k.log" | tail -5 ;;
     parity|parity:*|parity-floor|parity-floor:*|parity-ours|parity-ours:*)
       floor=(); case $step in parity-floor*) floor=(--parity-floor-group 8) ;; esac
       arms=(stock-triton replayssm); case $step in parity-ours*) arms=(replayssm) ;; esac
