@@ -111,7 +111,7 @@ MAMBA2_PTRS = {"xbuf_ptr": "*bf16", "bbuf_ptr": "*bf16", "dtbuf_ptr": "*fp32", "
                "origin_ptr": "*i32", "slot_ptr": "*i32", "x_ptr": "*bf16", "dt_ptr": "*bf16",
                "B_ptr": "*bf16", "C_ptr": "*bf16", "z_ptr": "*bf16", "A_ptr": "*fp32",
                "D_ptr": "*bf16", "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "proj_ptr": "*fp32",
-               "weights_ptr": "*fp32"}
+               "weights_ptr": "*fp32", "parent_ptr": "*i32"}
 
 
 def serving_bf16_terms(sdt):
@@ -262,28 +262,29 @@ def gdn_split():
 GDN_FUSED_PTRS = {"gbuf_ptr": "*fp32", "vbuf_ptr": "*bf16", "betabuf_ptr": "*fp32",
                   "fill_ptr": "*i32", "origin_ptr": "*i32", "slot_ptr": "*i32",
                   "qkv_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
-                  "dt_bias_ptr": "*bf16", "out_ptr": "*bf16"}
+                  "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "parent_ptr": "*i32"}
 # state: (checkpoint / u ring, fold copy, k ring, has a fold copy)
 GDN_STATES = {"fp32": ("*fp32", "*fp32", "*fp32", False), "bf16": ("*bf16", "*bf16", "*bf16", False),
               "bf16+fp32 copy": ("*bf16", "*fp32", "*fp32", True)}
-# (MODE, T, BLOCK_S): decode, and a chain verify of 4 drafts
-FUSED_MODES = {"decode": (0, 1, L), "verify T=4": (1, 4, 32)}
+# (MODE, T, BLOCK_S, TREE): decode, and a verify of 4 drafts as a chain and as a tree
+FUSED_MODES = {"decode": (0, 1, L, False), "verify T=4": (1, 4, 32, False),
+               "verify tree T=4": (1, 4, 32, True)}
 
 
 def gdn_fused_case(state, mode, block=32):
     ck, fold, kring, has_fold = GDN_STATES[state]
-    m, t, block_s = FUSED_MODES[mode]
+    m, t, block_s, tree = FUSED_MODES[mode]
     return (gdn._gdn_replay_kernel,
             dict(GDN_FUSED_PTRS, ckpt_ptr=ck, fold_ptr=fold, kbuf_ptr=kring, ubuf_ptr=ck),
-            {"T": t, "MODE": m, "BLOCK_S": block_s, "BLOCK_V": block, "BLOCK_K": 128,
+            {"T": t, "MODE": m, "TREE": tree, "BLOCK_S": block_s, "BLOCK_V": block, "BLOCK_K": 128,
              "USE_QK_L2NORM": True, "HAS_FOLD_COPY": has_fold, "STORAGE_ORDER": False,
              "DOT_PRECISION": "tf32x3"})
 
 
 def mamba2_fused_case(state, mode, reconstruct=False, block=32):
-    m, t, block_s = FUSED_MODES[mode]
+    m, t, block_s, tree = FUSED_MODES[mode]
     return (m2._mamba2_replay_kernel, dict(MAMBA2_PTRS, ckpt_ptr=f"*{state}", fold_ptr=f"*{state}"),
-            {"T": t, "MODE": m, "BLOCK_S": block_s, "BLOCK_P": block, "BLOCK_N": N,
+            {"T": t, "MODE": m, "TREE": tree, "BLOCK_S": block_s, "BLOCK_P": block, "BLOCK_N": N,
              "RECONSTRUCT": reconstruct, "HAS_FOLD_COPY": False, "HAS_D": True, "HAS_Z": False,
              "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "STORAGE_ORDER": True,
              "DOT_PRECISION": "tf32x3"})
@@ -343,10 +344,11 @@ def spilling_defaults() -> int:
     config for a serving batch (256) spill registers on sm_90 (printed).
     Until 2026-12-04 they took decode's 64 rows / 2 warps there: verify T=4
     spilled 1.7-2.9 KB a thread."""
-    modes = {"verify T=4": FUSED_MODES["verify T=4"], "flush": (MODE_FLUSH, 0, L)}
+    modes = {"verify T=4": FUSED_MODES["verify T=4"],
+             "verify tree T=4": FUSED_MODES["verify tree T=4"], "flush": (MODE_FLUSH, 0, L, False)}
     bad = 0
     for state, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        for mode, (m, t, block_s) in modes.items():
+        for mode, (m, t, block_s, tree) in modes.items():
             for fam in ("GDN", "Mamba-2"):
                 if fam == "GDN":
                     cfg = gdn.default_config(128, 128, dtype, 256, mode=m)
@@ -354,7 +356,7 @@ def spilling_defaults() -> int:
                 else:
                     cfg = m2.default_config(P, N, dtype, 256, mode=m)
                     fn, ptrs, consts = mamba2_fused_case(state, "decode", block=cfg.block)
-                consts = dict(consts, MODE=m, T=t, BLOCK_S=block_s,
+                consts = dict(consts, MODE=m, T=t, TREE=tree, BLOCK_S=block_s,
                               STORAGE_ORDER=cfg.storage_order)
                 _, spill = resources(compile_sm90(fn, ptrs, consts, cfg.num_warps))
                 name = f"{fam} {mode} {state} at block {cfg.block}, {cfg.num_warps} warps"
