@@ -21,7 +21,7 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-warn-
 "${PIP[@]}" --no-deps sglang==0.5.17
 "${PIP[@]}" -r "$ROOT/requirements/sglang-cpu.txt"
 "${PIP[@]}" --no-deps -e "$ROOT"
-"${PIP[@]}" pytest matplotlib
+"${PIP[@]}" pytest pytest-xdist matplotlib
 # sglang imports torchvision.io unconditionally; PyPI's torchvision is a CUDA
 # build that does not load beside CPU torch. Put the import stub in
 # tests/stubs/ on this venv's path (test venv only, never a GPU host).

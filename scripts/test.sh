@@ -9,8 +9,15 @@ cd "$ROOT"
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   export TRITON_INTERPRET=1
 fi
+# one worker per core (pytest-xdist, from setup_test_env.sh): the interpreted
+# kernels are CPU bound, and 2 workers take the suite from ~24 to ~18 min on
+# 2 cores. PYTEST_WORKERS=0 runs it in one process.
+WORKERS=()
+if "$PY" -c 'import xdist' 2>/dev/null; then
+  WORKERS=(-n "${PYTEST_WORKERS:-auto}")
+fi
 set +e
-"$PY" -m pytest -q -p no:cacheprovider "$@"
+"$PY" -m pytest -q -p no:cacheprovider "${WORKERS[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then

@@ -40,7 +40,7 @@ def test_no_state_tile_in_the_mma_layout_outside_the_flush_and_no_spilling_defau
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "kernel_regs.py"), "check"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # 2 dtypes x 2 families x (fused decode, fused verify, (A) at 2 fold_cols
-    # with and without the outputs; no spills at the default verify and
-    # flush-only launch of batch 256)
-    assert proc.stdout.count(" ok") == 32, proc.stdout
+    # 2 dtypes x 2 families x (fused decode, fused chain and tree verify, (A)
+    # at 2 fold_cols with and without the outputs; no spills at the default
+    # chain verify, tree verify and flush-only launch of batch 256)
+    assert proc.stdout.count(" ok") == 40, proc.stdout
