@@ -1060,8 +1060,9 @@ def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
         parents      None: a chain (draft j follows draft j-1). Else [b, T]
                      int32: draft j's parent's window index (< j), -1 for a
                      draft that follows the committed history (a tree, e.g.
-                     EAGLE's with topk > 1: draft j sees only its ancestors; SGLang's
-                     ``retrieve_parent_token`` with its first entry set to -1)
+                     EAGLE's with topk > 1: draft j sees only its ancestors;
+                     SGLang's ``retrieve_parent_token`` with its first entry
+                     set to -1)
     The checkpoint is written only when the flush rule fires, and then with
     the committed history alone. Afterwards, for a tree,
     ``cursors.accept_path`` moves the accepted drafts' entries to the first

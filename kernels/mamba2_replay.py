@@ -826,7 +826,8 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         outs.stride(0), outs.stride(1), outs.stride(2),
         A.stride(0), D.stride(0) if D is not None else 0,
         dt_bias.stride(0) if dt_bias is not None else 0, par.stride(0),
-        T=T, MODE=mode, TREE=parents is not None, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block, BLOCK_N=BLOCK_N,
+        T=T, MODE=mode, TREE=parents is not None, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block,
+        BLOCK_N=BLOCK_N,
         RECONSTRUCT=(route == "reconstruct"), HAS_FOLD_COPY=checkpoint_fold is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,
         DT_SOFTPLUS=dt_softplus, STORAGE_ORDER=cfg.storage_order,
@@ -1008,8 +1009,8 @@ def mamba2_replay_verify(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin
         parents  None: a chain (draft j follows draft j-1). Else [b, T] int32:
                  draft j's parent's window index (< j), -1 for a draft that
                  follows the committed history (a tree: draft j's output
-                 sees only its ancestors; SGLang's
-                 ``retrieve_parent_token`` with its first entry set to -1)
+                 sees only its ancestors; SGLang's ``retrieve_parent_token``
+                 with its first entry set to -1)
     Afterwards, for a tree, ``cursors.accept_path`` (every ring, every
     layer); then ``cursors.commit(mode=MODE_VERIFY, accepted=...)``.
     Needs ``T < buffer_len`` and ``capacity >= buffer_len - 1 + T``.

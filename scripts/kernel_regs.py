@@ -276,7 +276,8 @@ def gdn_fused_case(state, mode, block=32):
     m, t, block_s, tree = FUSED_MODES[mode]
     return (gdn._gdn_replay_kernel,
             dict(GDN_FUSED_PTRS, ckpt_ptr=ck, fold_ptr=fold, kbuf_ptr=kring, ubuf_ptr=ck),
-            {"T": t, "MODE": m, "TREE": tree, "BLOCK_S": block_s, "BLOCK_V": block, "BLOCK_K": 128,
+            {"T": t, "MODE": m, "TREE": tree, "BLOCK_S": block_s, "BLOCK_V": block,
+             "BLOCK_K": 128,
              "USE_QK_L2NORM": True, "HAS_FOLD_COPY": has_fold, "STORAGE_ORDER": False,
              "DOT_PRECISION": "tf32x3"})
 
