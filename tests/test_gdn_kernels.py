@@ -139,16 +139,10 @@ class Pool:
     def check_drafts(self, s, y, qkv, a, b, accepted):
         """Verify outputs of one row (y [T, HV, V] for drafts qkv/a/b [T, ...])
         against the float64 decode of the drafts in order from the twin's
-        state; then the twin takes the state after the ``accepted`` first."""
-        state = self.ref[s].clone()
-        for j in range(y.shape[0]):
-            saved, self.ref[s] = self.ref[s], state
-            o, state = self.eager(s, qkv[j], a[j], b[j])
-            self.ref[s] = saved
-            assert self.rel(y[j], o) < self.tol
-            if j + 1 == accepted:
-                kept = state.clone()
-        self.ref[s] = kept
+        state; then the twin takes the state after the ``accepted`` first.
+        A chain is the tree whose draft j follows draft j-1."""
+        chain = [j - 1 for j in range(y.shape[0])]
+        self.check_tree(s, y, qkv, a, b, chain, list(range(accepted)))
 
     def check_tree(self, s, y, qkv, a, b, parents, path):
         """Tree verify outputs of one row (y [T, HV, V]): draft j against the
