@@ -457,10 +457,11 @@ class Mamba2(Family):
                                dt_bias=c["dt_bias"], dt_softplus=True,
                                state_batch_indices=idx, out=out)
 
-    def replay_pool(self, shape, L, sdt_t):
+    def replay_pool(self, shape, L, sdt_t, window=1):
+        """Rings with room for ``window`` draft tokens (1: decode only)."""
         H, P, N, G, _ = self.shapes[shape]
         S, dev, g = self.S, self.dev, self.g
-        cap = self.required_capacity(L, 1)
+        cap = self.required_capacity(L, window)
         return dict(
             x_buffer=torch.randn(S, H, cap, P, device=dev, generator=g).to(torch.bfloat16),
             B_buffer=torch.randn(S, G, cap, N, device=dev, generator=g).to(torch.bfloat16),
@@ -651,10 +652,11 @@ class GDN(Family):
     def fold_copy(self, sdt_t):
         return self.args.gdn_fold_copy and sdt_t != torch.float32
 
-    def replay_pool(self, shape, L, sdt_t):
+    def replay_pool(self, shape, L, sdt_t, window=1):
+        """Rings with room for ``window`` draft tokens (1: decode only)."""
         H, HV, K, V, _ = self.shapes[shape]
         S, dev = self.S, self.dev
-        cap = self.required_capacity(L, 1)
+        cap = self.required_capacity(L, window)
         pool = dict(
             k_buffer=torch.zeros(S, H, cap, K, dtype=self.k_dtype(sdt_t), device=dev),
             u_buffer=torch.zeros(S, HV, cap, V, dtype=self.u_dtype(sdt_t), device=dev),
