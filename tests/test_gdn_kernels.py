@@ -314,34 +314,6 @@ def test_tree_verify_of_a_chain_is_chain_verify(device):
         assert (a - b).abs().max() <= 1e-6 * a.abs().max(), name
 
 
-@pytest.mark.parametrize("stacked", [False, True])
-def test_accept_path_moves_the_path_entries(device, stacked):
-    """accept_path against its PyTorch reference on rings of every shape
-    (vector and scalar entries, one layer or stacked), wrapped windows,
-    a padded row, paths of every length."""
-    gen = torch.Generator().manual_seed(23)
-    S, T, cap = 5, 4, 9
-    fill = torch.tensor([0, 5, 2, 8, 1], dtype=torch.int32)
-    origin = torch.tensor([0, 6, 8, 3, 2], dtype=torch.int32)
-    slots = torch.tensor([1, -1, 3, 2, 4], dtype=torch.int32)
-    trees = [random_tree(gen, T) for _ in range(5)]
-    path, acc = random_paths(gen, trees, T)
-    lead = (3,) if stacked else ()
-    rings = [torch.randn(*lead, S, 2, cap, 6, generator=gen),
-             torch.randn(*lead, S, 2, cap, generator=gen)]
-    want = [r.clone() for r in rings]
-    for w in want:
-        for layer in (w if stacked else [w]):
-            cur.accept_path_ref(layer, fill, origin, slots, path, acc, cap)
-    got = [r.clone().to(device) for r in rings]
-    cur.accept_path(got, fill.to(device), origin.to(device), slots.to(device), path.to(device),
-                    acc.to(device), capacity=cap, stacked=stacked,
-                    parents=torch.tensor(trees, dtype=torch.int32).to(device), validate=True)
-    assert int(acc.max()) > 1 and any(p != list(range(len(p))) for p in path.tolist())
-    for r, g, w in zip(rings, got, want):
-        assert torch.equal(g.cpu(), w) and not torch.equal(r, w)
-
-
 @pytest.mark.parametrize("route", ["fused", "split"])
 def test_flush_only_then_decode(device, route):
     """Decode, a flush-only pass (always the fused kernel), decode again."""

@@ -678,36 +678,6 @@ def test_flush_only(device, history, config):
 
 
 # --------------------------------------------------------------------------
-# commit
-# --------------------------------------------------------------------------
-
-@pytest.mark.parametrize("mode", [MODE_DECODE, MODE_VERIFY, MODE_FLUSH])
-def test_commit_matches_commit_ref(device, mode):
-    gen = torch.Generator().manual_seed(40 + mode)
-    S, L, T = 16, 6, 3
-    cap = required_capacity(L, T)
-    for trial in range(6):
-        fill = torch.randint(0, L, (S,), generator=gen, dtype=torch.int32)
-        origin = torch.randint(0, cap, (S,), generator=gen, dtype=torch.int32)
-        slots = torch.randperm(S, generator=gen)[:10].to(torch.int32)
-        slots[torch.rand(10, generator=gen) < 0.3] = -1
-        slot_dtype = torch.int64 if trial % 2 else torch.int32
-        # out-of-range counts on odd trials: both versions clamp to [0, T]
-        lo, hi = (-1, T + 2) if trial % 2 else (1, T + 1)
-        accepted = torch.randint(lo, hi, (10,), generator=gen, dtype=torch.int32)
-        window = 1 if mode == MODE_DECODE else T
-        f_ref, o_ref = fill.clone(), origin.clone()
-        commit_ref(f_ref, o_ref, slots, accepted, window, L, cap, mode)
-        f, o = fill.to(device), origin.to(device)
-        commit(f, o, slots.to(slot_dtype).to(device), mode=mode, buffer_len=L, capacity=cap,
-               window=window, accepted=accepted.to(device) if mode == MODE_VERIFY else None)
-        f, o = f.cpu(), o.cpu()
-        assert torch.equal(f, f_ref) and torch.equal(o, o_ref), trial
-        pad_free = [s for s in range(S) if s not in slots.tolist()]
-        assert torch.equal(f.cpu()[pad_free], fill[pad_free])
-
-
-# --------------------------------------------------------------------------
 # teeth: the checks above do catch a wrong buffer / checkpoint
 # --------------------------------------------------------------------------
 
@@ -862,22 +832,6 @@ def test_verify_rejects_bad_window(device, case):
     with pytest.raises(ValueError, match=match):
         mamba2_replay_verify(*pool.pool_args(), pool.slot_tensor([0, 1]), inp["x"], inp["dt"],
                              pool.A, inp["B"], inp["C"], z=inp["z"], **pool.kernel_kwargs())
-
-
-def test_commit_and_capacity_reject_bad_input(device):
-    fill = torch.zeros(4, dtype=torch.int32, device=device)
-    slots = torch.tensor([0, 2], dtype=torch.int32, device=device)
-    with pytest.raises(TypeError, match="cursors must be int32"):
-        commit(fill.long(), fill.clone(), slots, mode=MODE_DECODE, buffer_len=4, capacity=3)
-    with pytest.raises(ValueError, match="needs `accepted`"):
-        commit(fill, fill.clone(), slots, mode=MODE_VERIFY, buffer_len=4, capacity=5, window=2)
-    with pytest.raises(ValueError, match=r"accepted counts must lie in \[0, window=2\]"):
-        commit(fill, fill.clone(), slots, mode=MODE_VERIFY, buffer_len=4, capacity=5, window=2,
-               accepted=torch.tensor([1, 3], dtype=torch.int32, device=device), validate=True)
-    with pytest.raises(ValueError, match="must exceed the speculative window"):
-        required_capacity(4, 4)
-    with pytest.raises(ValueError, match="buffer_len must be >= 1"):
-        required_capacity(0, 1)
 
 
 def test_kernels_run_interpreted_without_cuda():
