@@ -287,7 +287,8 @@ def install_dummy_init_hook() -> None:
 # so the class attribute is wrapped before the model is built: fp32 input
 # takes the op's own forward_native, anything else the unchanged CUDA path.
 # The GDN chunk prefill has no PyTorch path: it runs fp32 input on bf16
-# copies of q/k/v (Qwen3-Next).
+# copies of q/k/v (Qwen3-Next, Qwen3.5). Qwen3.5's fused attention prep is
+# replaced by the layer's own PyTorch path for fp32 input.
 # Installed in every process with SGLANG_REPLAYSSM_NATIVE_FP32_OPS=1, stock or
 # not, so both arms of a comparison compute these ops the same way.
 # --------------------------------------------------------------------------
@@ -361,6 +362,27 @@ def _gdn_chunk_in_bf16_for_fp32(chunk_gated_delta_rule):
     return chunk
 
 
+def _qwen3_5_prepare_native_for_fp32(prepare_cuda_fused):
+    """Qwen3.5's full-attention layers on CUDA prepare q/k/v/gate with one
+    fused GemmaRMSNorm + RoPE + gate kernel (models/qwen3_5.py:1128 ->
+    fused_qk_rmsnorm_rope_gate.py:65) that rounds the normalised q and k to
+    bf16 even for fp32 input, so a 1e-7 difference upstream flips bf16
+    roundings (fp32 parity: logprob gaps ~10x Qwen3-Next's, whose attention
+    runs the ops above). fp32 input takes the layer's own
+    forward_prepare_native instead: the same norm and rope, in fp32."""
+    import torch
+
+    def prepare(self, positions, hidden_states):
+        if isinstance(hidden_states, torch.Tensor) and hidden_states.dtype == torch.float32:
+            _log_first_fp32_use("Qwen3.5 attention's q/k norm + RoPE + gate run in PyTorch "
+                                "(forward_prepare_native)")
+            return self.forward_prepare_native(positions, hidden_states)
+        return prepare_cuda_fused(self, positions, hidden_states)
+
+    prepare.__wrapped__ = prepare_cuda_fused
+    return prepare
+
+
 def install_native_fp32_ops_hook() -> None:
     import importlib
 
@@ -372,6 +394,9 @@ def install_native_fp32_ops_hook() -> None:
     gdn_triton = importlib.import_module("sglang.srt.layers.attention.linear.kernels.gdn_triton")
     _patch(gdn_triton, "chunk_gated_delta_rule",
            _gdn_chunk_in_bf16_for_fp32(gdn_triton.__dict__["chunk_gated_delta_rule"]))
+    layer = importlib.import_module("sglang.srt.models.qwen3_5").Qwen3_5AttentionDecoderLayer
+    _patch(layer, "forward_prepare_cuda_fused",
+           _qwen3_5_prepare_native_for_fp32(layer.__dict__["forward_prepare_cuda_fused"]))
 
 
 def uninstall_all() -> None:

@@ -14,6 +14,7 @@ from sglang.srt.layers.attention.linear.kernels import gdn_triton  # noqa: E402
 from sglang.srt.layers.moe import fused_moe_native  # noqa: E402
 from sglang.srt.layers.quantization import unquant  # noqa: E402
 from sglang.srt.layers.rotary_embedding import base as rotary  # noqa: E402
+from sglang.srt.models import qwen3_5  # noqa: E402
 
 from sglang_replayssm import config, plugin, sglang_hooks  # noqa: E402
 
@@ -40,6 +41,13 @@ def cuda_paths(monkeypatch):
         return kw["v"] * 2, "final_state"
 
     monkeypatch.setattr(gdn_triton, "chunk_gated_delta_rule", chunk_gated_delta_rule)
+
+    def prepare_cuda_fused(self, positions, hidden_states):
+        calls.append(("qwen3_5 prepare", hidden_states.dtype))
+        return "cuda"
+
+    monkeypatch.setattr(qwen3_5.Qwen3_5AttentionDecoderLayer, "forward_prepare_cuda_fused",
+                        prepare_cuda_fused)
     monkeypatch.setattr(plugin, "_registered", False)
     monkeypatch.delenv("SGLANG_REPLAYSSM_ENABLED", raising=False)
     monkeypatch.delenv(config.DUMMY_INIT_ENV, raising=False)
@@ -132,6 +140,27 @@ def test_gdn_chunk_prefill_runs_fp32_input_on_bf16_copies(cuda_paths, monkeypatc
     sglang_hooks.uninstall_all()
     gdn_triton.chunk_gated_delta_rule(q=q, k=k, v=v, g=gate, beta=beta)
     assert cuda_paths[-1][1]["q"] == torch.float32  # uninstalled: fp32 reaches the kernel
+
+
+def test_qwen3_5_attention_prep_takes_its_pytorch_path_for_fp32(cuda_paths, monkeypatch):
+    """Qwen3.5's fused q/k norm + RoPE + gate kernel rounds q and k to bf16:
+    fp32 input takes the layer's forward_prepare_native, called as SGLang
+    calls the fused one (keywords), other dtypes the fused kernel."""
+    monkeypatch.setenv(config.NATIVE_FP32_OPS_ENV, "1")
+    plugin.register()
+    native = []
+    layer = types.SimpleNamespace(
+        forward_prepare_native=lambda positions, hidden_states: native.append(
+            (positions, hidden_states)) or ("q", "k", "v", "gate"))
+    prepare = qwen3_5.Qwen3_5AttentionDecoderLayer.forward_prepare_cuda_fused
+    pos, x = torch.arange(3), torch.randn(3, 8)
+    assert prepare(layer, positions=pos, hidden_states=x) == ("q", "k", "v", "gate")
+    assert native == [(pos, x)] and cuda_paths == []
+    assert prepare(layer, positions=pos, hidden_states=x.bfloat16()) == "cuda"
+    assert cuda_paths == [("qwen3_5 prepare", torch.bfloat16)] and len(native) == 1
+    sglang_hooks.uninstall_all()
+    assert prepare.__wrapped__ is qwen3_5.Qwen3_5AttentionDecoderLayer.forward_prepare_cuda_fused
+    assert qwen3_5.Qwen3_5AttentionDecoderLayer.forward_prepare_cuda_fused(layer, pos, x) == "cuda"
 
 
 def test_moe_fp32_runs_sglangs_per_expert_loop_exactly(cuda_paths, monkeypatch):
