@@ -85,16 +85,18 @@ def test_check_json():
 
 
 def test_demo_json():
-    proc = _ok(_run("demo", "--tokens", "40", "--layers", "2", "--no-progress", "--json"))
+    # a short buffer: two flushes per row in few (interpreted, slow) tokens
+    proc = _ok(_run("demo", "--tokens", "10", "--buffer-len", "4", "--layers", "2",
+                    "--no-progress", "--json"))
     r = json.loads(proc.stdout)
     c = r["config"]
-    assert (c["tokens"], c["layers"], c["buffer_len"], c["batch"]) == (40, 2, 16, 2)
+    assert (c["tokens"], c["layers"], c["buffer_len"], c["batch"]) == (10, 2, 4, 2)
     assert r["passed"] is True
     assert 0 <= r["max_rel_diff"] < 1e-3
     assert r["max_abs_diff"] >= 0
     assert r["max_rel_diff_replayssm_vs_exact"] < 1e-3
     assert r["final_state_max_rel_diff"] < 1e-3
-    # 40 tokens, flush every 16: two flushes per row, 8 buffered at the end
+    # 10 tokens, flush every 4: two flushes per row, 2 buffered at the end
     assert r["flushes_per_row"] == 2
     assert r["checkpoint_writes"] == 2 * c["batch"] * c["layers"]
     assert r["end_flush_rows"] == c["batch"]
@@ -109,7 +111,7 @@ def test_demo_json():
 
 def test_demo_text_and_exit_code():
     # the human-readable form; the progress bar goes to stderr
-    proc = _ok(_run("demo", "--tokens", "20", "--layers", "2"))
+    proc = _ok(_run("demo", "--tokens", "6", "--buffer-len", "4", "--layers", "2"))
     out = proc.stdout
     m = re.search(r"max abs diff (\S+)\s+max rel diff (\S+)", out)
     assert m, out
