@@ -1,11 +1,13 @@
 """scripts/bench_verify.py: its cursor-cycle arithmetic against the commit
-rule, and a dry run of every arm of ours on CPU (interpreter, tiny shapes)."""
+rule, a dry run of every arm of ours on CPU (interpreter, tiny shapes), and
+on a GPU its stock arms' outputs against ours."""
 from __future__ import annotations
 
 import json
 import os
 import sys
 
+import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
@@ -55,3 +57,18 @@ def test_dry_run_runs_every_arm_of_ours(tmp_path):
     assert rows["gdn", "tree"]["accepted_path"] == [0, 1]
     assert rows["mamba2", "tree"]["cycle_steps"] == bv.cycle_steps(8, 4, 2) == 2
     assert (tmp_path / "kernels_verify.md").exists()
+
+
+@pytest.mark.gpu
+def test_stock_and_ours_agree_on_the_gpu(tmp_path):
+    """On a GPU the script calls SGLang's verify kernels as the server does:
+    its outputs, chain and tree, agree with ours from the same checkpoint."""
+    assert bv.main(["--out-dir", str(tmp_path), "--batches", "3", "--drafts", "chain:3,tree:4",
+                    "--buffer-len", "8", "--rep-ms", "5", "--slots", "8",
+                    "--stock", "triton"]) == 0
+    res = json.loads((tmp_path / "kernels_verify.json").read_text())
+    assert res["errors"] == []
+    assert len(res["rows"]) == 4
+    for r in res["rows"]:
+        assert r["stock_triton_us"] is not None, r
+        assert r["max_rel_diff_vs_stock_triton"] < 1e-5, r
