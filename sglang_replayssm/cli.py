@@ -320,7 +320,7 @@ def _check_drafts(p, y, inp, accepted):
     return err
 
 
-def _after_verify_flush(p, err, T):
+def _after_verify_flush(p, err, T, steps=3):
     """Both families' verify check, after its flush launch: commit the flush,
     compare the state, check the padded row; err = the drafts' worst output
     error."""
@@ -329,7 +329,7 @@ def _after_verify_flush(p, err, T):
     serr = p.state_rel()
     if not p.padded_untouched():
         return FAIL, "the padded row's slot was modified", max(err, serr)
-    return None, (f"outputs {err:.1e} over 3 steps of {T} drafts (flush inside verify "
+    return None, (f"outputs {err:.1e} over {steps} steps of {T} drafts (flush inside verify "
                   f"included), state after accept + flush {serr:.1e}"), max(err, serr)
 
 
@@ -488,6 +488,64 @@ def _kc_gdn_verify_flush(device):
     return _after_verify_flush(p, err, T)
 
 
+# a draft tree of 4 (two branches off the first draft) and, per row of the
+# check pools' [2, -1, 0], the accepted path: 0 -> 2 -> 3, and 0 -> 1
+_TREE_PARENTS = [-1, 0, 0, 2]
+_TREE_PATHS = ([0, 2, 3, 0], [0, 0, 0, 0], [0, 1, 0, 0])
+_TREE_ACCEPTED = [3, 0, 2]
+
+
+def _check_tree_drafts(p, y, inp):
+    """A tree verify step of pool ``p`` (either family): draft j's outputs
+    against the eager reference stepped along its own path from ``p.state``;
+    then each live row's reference state becomes its accepted path's end."""
+    states, err = [], 0.0
+    for j, parent in enumerate(_TREE_PARENTS):
+        st = (p.state if parent < 0 else states[parent]).clone()
+        err = max(err, p.rel(y[:, j], p.ref_step(st, inp, j=j)))
+        states.append(st)
+    for row, a in enumerate(_TREE_ACCEPTED):
+        s = int(p.slots[row])
+        if s >= 0 and a > 0:
+            p.state[s] = states[_TREE_PATHS[row][a - 1]][s]
+    return err
+
+
+def _kc_tree_verify(device, family):
+    """Two tree verify steps (a flush inside the second), accept_path moving
+    each row's accepted path into place, commit, then a flush."""
+    import torch
+
+    from .kernels import cursors as cur
+    from .kernels.gdn_replay import gdn_replay_flush, gdn_replay_verify
+    from .kernels.mamba2_replay import mamba2_replay_flush, mamba2_replay_verify
+    T = len(_TREE_PARENTS)
+    gdn = family == "gdn"
+    p = (_GDNPool if gdn else _Mamba2Pool)(device, buffer_len=6, window=T, seed=7)
+    i32 = dict(dtype=torch.int32, device=device)
+    parents = torch.tensor([_TREE_PARENTS] * 3, **i32)
+    path, acc = torch.tensor(_TREE_PATHS, **i32), torch.tensor(_TREE_ACCEPTED, **i32)
+    rings = [p.kb, p.ub, p.gb] if gdn else [p.xb, p.Bb, p.db]
+    err = 0.0
+    for _ in range(2):  # fills 0 -> [3, 2] -> the first row flushes (3 + 4 >= 6)
+        inp = p.inputs(T)
+        if gdn:
+            y = gdn_replay_verify(*p.pool(), *p.args(inp), parents=parents, **p.kw())
+        else:
+            y = mamba2_replay_verify(*p.pool(), inp["x"], inp["dt"], p.A, inp["B"], inp["C"],
+                                     z=inp["z"], parents=parents, **p.kw())
+        cur.accept_path(rings, p.fill, p.origin, p.slots, path, acc, capacity=p.cap,
+                        parents=parents, validate=True)
+        cur.commit(p.fill, p.origin, p.slots, mode=cur.MODE_VERIFY, buffer_len=p.L,
+                   capacity=p.cap, window=T, accepted=acc, validate=True)
+        err = max(err, _check_tree_drafts(p, y, inp))
+    if gdn:
+        gdn_replay_flush(*p.pool(), buffer_len=p.L, num_k_heads=p.H, validate=True)
+    else:
+        mamba2_replay_flush(*p.pool(), p.A, buffer_len=p.L, validate=True)
+    return _after_verify_flush(p, err, T, steps=2)
+
+
 def _kernel_checks(device):
     checks = [("kernel cursors.commit", lambda: _kc_cursors(device))]
     for route in ("output_only", "reconstruct", "split"):
@@ -501,6 +559,9 @@ def _kernel_checks(device):
     checks.append(("kernel GDN decode (bf16 + fp32 fold copy)",
                    lambda: _kc_gdn_decode(device, "split", fold=True)))
     checks.append(("kernel GDN verify + flush", lambda: _kc_gdn_verify_flush(device)))
+    for family in ("mamba2", "gdn"):
+        checks.append((f"kernel tree verify + accept_path ({family})",
+                       lambda f=family: _kc_tree_verify(device, f)))
     out = []
     for name, fn in checks:
         t0 = time.perf_counter()

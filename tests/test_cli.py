@@ -77,7 +77,9 @@ def test_check_json():
                  "kernel verify (output_only)",
                  "kernel verify (reconstruct)", "kernel flush",
                  "kernel GDN decode (output_only)", "kernel GDN decode (split)",
-                 "kernel GDN decode (bf16 + fp32 fold copy)", "kernel GDN verify + flush"):
+                 "kernel GDN decode (bf16 + fp32 fold copy)", "kernel GDN verify + flush",
+                 "kernel tree verify + accept_path (mamba2)",
+                 "kernel tree verify + accept_path (gdn)"):
         assert name in kernels, sorted(kernels)
     for name, c in kernels.items():
         assert c["status"] == "OK", (name, c["detail"])
