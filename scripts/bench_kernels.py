@@ -43,7 +43,7 @@ Bandwidth: bytes each kernel must move per step (state, buffer entries,
 inputs, outputs), over time, as a fraction of a device-to-device copy
 measured in the same run.
 
-Writes benchmarks/results/kernels_<family>.{json,md,png} (RESULTS.md format).
+Writes benchmarks/results/kernels_<family>.{json,md,png} (docs/RESULTS.md format).
 ``--dry-run`` runs the whole script on CPU (Triton interpreter, tiny shapes,
 each graph replaced by one eager pass, no timing) to catch shape/API bugs.
 

@@ -340,7 +340,7 @@ FLAT_LOGPROB_SPREAD = 1e-3
 
 
 def compare_parity(stock: dict, replay: dict, *, model: str, checkpoint_dtype: str) -> dict:
-    """greedy_parity entry of e2e_decode.json (design/RESULTS.md). The first
+    """greedy_parity entry of e2e_decode.json (docs/RESULTS.md). The first
     divergence is the earliest position (then lowest prompt index) where the
     greedy tokens differ; logprob_gap = |logprob of the stock token - logprob
     of the replay token| there (both conditioned on the same prefix; a small

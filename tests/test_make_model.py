@@ -48,7 +48,7 @@ def test_sglang_derives_the_intended_ssm_shape(model_root, name):
     assert len(list(params.layers)) == want["layers"]
     assert cfg.vocab_size == make_model.VOCAB
     if cfg_json["model_type"] == "nemotron_h":
-        # the mixer reads mamba_n_groups, the cache params n_groups (SGLANG_0517.md 3.2)
+        # the mixer reads mamba_n_groups, the cache params n_groups (docs/SGLANG_0517.md 3.2)
         assert cfg.mamba_n_groups == cfg.n_groups == want["groups"]
         assert cfg.conv_kernel == 4
     if cfg_json["model_type"] in ("qwen3_next", "qwen3_5_text"):
