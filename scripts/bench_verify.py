@@ -293,7 +293,8 @@ def main(argv=None):
     S = max(args.slots, max(batches))
     L, A = args.buffer_len, args.accepted
     res = {
-        "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+        "command": "python " + " ".join([os.path.relpath(__file__, ROOT)]
+                                        + (sys.argv[1:] if argv is None else list(argv))),
         **provenance(ROOT),
         "gpu": torch.cuda.get_device_name() if dev == "cuda" else "cpu (dry run, no timing)",
         "versions": {"torch": torch.__version__, "triton": triton.__version__,
