@@ -303,20 +303,24 @@ def _kc_decode(device, route):
                   f"= 2 buffer cycles of {p.L})"), max(err, serr)
 
 
-def _check_drafts(p, y, inp, accepted):
-    """A verify step of pool ``p`` (either family): each draft's outputs y[:, j]
-    against the eager reference stepped through the drafts from ``p.state``;
-    then each live row's reference state becomes the one after its accepted
-    drafts. Returns the max rel err."""
-    st = p.state.clone()
-    snaps, err = [], 0.0
-    for j in range(y.shape[1]):
+def _check_drafts(p, y, inp, accepted, parents=None, paths=None):
+    """A verify step of pool ``p`` (either family): draft j's outputs y[:, j]
+    against the eager reference stepped along its own path from ``p.state``
+    (``parents``: draft j's parent's window index, -1 for the history; None:
+    a chain); then each live row's reference state becomes the one at the
+    end of its accepted path (``paths[row][:accepted[row]]``; None: the
+    chain's first drafts). Returns the max rel err."""
+    T = y.shape[1]
+    parents = [-1] + list(range(T - 1)) if parents is None else parents
+    states, err = [], 0.0
+    for j, parent in enumerate(parents):
+        st = (p.state if parent < 0 else states[parent]).clone()
         err = max(err, p.rel(y[:, j], p.ref_step(st, inp, j=j)))
-        snaps.append(st.clone())
+        states.append(st)
     for row, a in enumerate(accepted):
         s = int(p.slots[row])
         if s >= 0 and a > 0:
-            p.state[s] = snaps[a - 1][s]
+            p.state[s] = states[a - 1 if paths is None else paths[row][a - 1]][s]
     return err
 
 
@@ -495,22 +499,6 @@ _TREE_PATHS = ([0, 2, 3, 0], [0, 0, 0, 0], [0, 1, 0, 0])
 _TREE_ACCEPTED = [3, 0, 2]
 
 
-def _check_tree_drafts(p, y, inp):
-    """A tree verify step of pool ``p`` (either family): draft j's outputs
-    against the eager reference stepped along its own path from ``p.state``;
-    then each live row's reference state becomes its accepted path's end."""
-    states, err = [], 0.0
-    for j, parent in enumerate(_TREE_PARENTS):
-        st = (p.state if parent < 0 else states[parent]).clone()
-        err = max(err, p.rel(y[:, j], p.ref_step(st, inp, j=j)))
-        states.append(st)
-    for row, a in enumerate(_TREE_ACCEPTED):
-        s = int(p.slots[row])
-        if s >= 0 and a > 0:
-            p.state[s] = states[_TREE_PATHS[row][a - 1]][s]
-    return err
-
-
 def _kc_tree_verify(device, family):
     """Two tree verify steps (a flush inside the second), accept_path moving
     each row's accepted path into place, commit, then a flush."""
@@ -538,7 +526,7 @@ def _kc_tree_verify(device, family):
                         parents=parents, validate=True)
         cur.commit(p.fill, p.origin, p.slots, mode=cur.MODE_VERIFY, buffer_len=p.L,
                    capacity=p.cap, window=T, accepted=acc, validate=True)
-        err = max(err, _check_tree_drafts(p, y, inp))
+        err = max(err, _check_drafts(p, y, inp, _TREE_ACCEPTED, _TREE_PARENTS, _TREE_PATHS))
     if gdn:
         gdn_replay_flush(*p.pool(), buffer_len=p.L, num_k_heads=p.H, validate=True)
     else:
