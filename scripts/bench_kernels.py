@@ -1221,6 +1221,26 @@ def main():
     print(f"wrote {json_path} in {time.time() - t0:.0f}s")
 
 
+def write_markdown(base, lines, errors):
+    """base.md: the table lines, then the run's errors (RESULTS.md's .md)."""
+    if errors:
+        lines = lines + ["", "Errors / skipped:"] + [f"- {e[:200]}" for e in errors]
+    with open(base + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only backend, or None without matplotlib
+    (the .png is then left out)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
 def write_md_png(res, args, fam):
     base = os.path.join(args.out_dir, args.name)
     vers = ", ".join(f"{k} {v}" for k, v in res["versions"].items() if k != "cuda")
@@ -1249,15 +1269,9 @@ def write_md_png(res, args, fam):
                              f"{r['route']} | {r['batch']} | `{k['name'][:48]}` | {k['calls']} | "
                              f"{k['mean_us']} | {k['min_us']} | {k['max_us']} | "
                              f"{k['us_per_step']} |")
-    if res["errors"]:
-        lines += ["", "Errors / skipped:"] + [f"- {e[:200]}" for e in res["errors"]]
-    with open(base + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    write_markdown(base, lines, res["errors"])
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     seen = {}

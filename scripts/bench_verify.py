@@ -143,11 +143,24 @@ def scatter_step(dst, src, dst_idx, step_idx):
         dst[dst_idx.long()] = src[rows, step_idx.long()]
 
 
-class GDNVerify:
-    family = "gdn"
+class _VerifyArms:
+    """What both families' arms share: bench_kernels' family (shapes, inputs,
+    pools), SGLang's per-draft snapshot buffer (its verify writes row i's
+    draft j state at [i, j]) and the stock output as [b, T, ...]."""
 
     def __init__(self, fam):
         self.fam = fam
+
+    def snapshot_buffer(self, state, b, T):
+        return state.new_empty(b, T, *state.shape[1:])
+
+    def stock_out(self, out_box, b, T):
+        return out_box[0].reshape(b, T, -1)
+
+
+class GDNVerify(_VerifyArms):
+    def __init__(self, fam):
+        super().__init__(fam)
         from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (
             fused_sigmoid_gating_delta_rule_update)
         self.stock_kernel = fused_sigmoid_gating_delta_rule_update
@@ -164,9 +177,6 @@ class GDNVerify:
         """The stock verify returns outputs in the activations' dtype: fp32
         activations for the parity check."""
         return {**c, **{k: c[k].float() for k in ("mixed_qkv", "a", "b")}}
-
-    def snapshot_buffer(self, state, b, T):
-        return state.new_empty(b, T, *state.shape[1:])
 
     def stock_fn(self, name, state, c, idx, parents, snap, out_box):
         b, T, dim = c["mixed_qkv"].shape
@@ -188,9 +198,6 @@ class GDNVerify:
                 retrieve_parent_token=parents)
         return step
 
-    def stock_out(self, out_box, b, T):
-        return out_box[0].reshape(b, T, -1)
-
     def ours_fn(self, state, pool, c, idx, parents, L, out):
         def step():
             self.fam.m.gdn_replay_verify(
@@ -207,11 +214,9 @@ class GDNVerify:
         return [pool["k_buffer"], pool["u_buffer"], pool["g_buffer"]]
 
 
-class Mamba2Verify:
-    family = "mamba2"
-
+class Mamba2Verify(_VerifyArms):
     def __init__(self, fam):
-        self.fam = fam
+        super().__init__(fam)
         self.stock_backends = tuple(fam.backends)
 
     def inputs(self, shape, b, T, sdt_t):
@@ -225,9 +230,6 @@ class Mamba2Verify:
 
     def fp32_inputs(self, c):
         return c  # the stock verify writes into our fp32 `out`
-
-    def snapshot_buffer(self, state, b, T):
-        return state.new_empty(b, T, *state.shape[1:])
 
     def stock_fn(self, name, state, c, idx, parents, snap, out_box):
         backend = self.fam.backends[name]
@@ -243,9 +245,6 @@ class Mamba2Verify:
                     cache_steps=T, retrieve_parent_token=parents,
                     intermediate_state_indices=snap_idx)
         return step
-
-    def stock_out(self, out_box, b, T):
-        return out_box[0].reshape(b, T, -1)
 
     def ours_fn(self, state, pool, c, idx, parents, L, out):
         def step():
@@ -508,15 +507,9 @@ def write_md_png(res, args):
             f"{bk.fmt(r.get('max_rel_diff_vs_stock_triton'), '.1e')} |")
     lines += ["", "parity: max relative output difference vs the stock triton verify, fp32 "
                   "state, fp32 outputs, empty buffer (same checkpoint)."]
-    if res["errors"]:
-        lines += ["", "Errors / skipped:"] + [f"- {e[:200]}" for e in res["errors"]]
-    with open(base + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    bk.write_markdown(base, lines, res["errors"])
+    plt = bk.pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 5))
     series = {}
