@@ -322,10 +322,12 @@ def _log_first_fp32_use(what: str) -> None:
         logger.info("fp32 input: %s (%s=1)", what, NATIVE_FP32_OPS_ENV)
 
 
-def _native_for_fp32(forward_cuda, name: str):
+def _native_for_fp32(forward_cuda, name: str, native: str = "forward_native"):
+    """``forward_cuda`` for fp32 input replaced by the op's PyTorch method
+    ``native`` (called with the same arguments)."""
     import torch
 
-    taken = f"{name} runs its PyTorch path (forward_native)"  # built once, not per call
+    taken = f"{name} runs its PyTorch path ({native})"  # built once, not per call
 
     def is_fp32(a):
         a = getattr(a, "hidden_states", a)  # the MoE's dispatch output carries its input
@@ -334,7 +336,7 @@ def _native_for_fp32(forward_cuda, name: str):
     def forward(self, *args, **kwargs):
         if any(is_fp32(a) for a in (*args, *kwargs.values())):
             _log_first_fp32_use(taken)
-            return self.forward_native(*args, **kwargs)
+            return getattr(self, native)(*args, **kwargs)
         return forward_cuda(self, *args, **kwargs)
 
     forward.__wrapped__ = forward_cuda
@@ -362,27 +364,6 @@ def _gdn_chunk_in_bf16_for_fp32(chunk_gated_delta_rule):
     return chunk
 
 
-def _qwen3_5_prepare_native_for_fp32(prepare_cuda_fused):
-    """Qwen3.5's full-attention layers on CUDA prepare q/k/v/gate with one
-    fused GemmaRMSNorm + RoPE + gate kernel (models/qwen3_5.py:1128 ->
-    fused_qk_rmsnorm_rope_gate.py:65) that rounds the normalised q and k to
-    bf16 even for fp32 input, so a 1e-7 difference upstream flips bf16
-    roundings (fp32 parity: logprob gaps ~10x Qwen3-Next's, whose attention
-    runs the ops above). fp32 input takes the layer's own
-    forward_prepare_native instead: the same norm and rope, in fp32."""
-    import torch
-
-    def prepare(self, positions, hidden_states):
-        if isinstance(hidden_states, torch.Tensor) and hidden_states.dtype == torch.float32:
-            _log_first_fp32_use("Qwen3.5 attention's q/k norm + RoPE + gate run in PyTorch "
-                                "(forward_prepare_native)")
-            return self.forward_prepare_native(positions, hidden_states)
-        return prepare_cuda_fused(self, positions, hidden_states)
-
-    prepare.__wrapped__ = prepare_cuda_fused
-    return prepare
-
-
 def install_native_fp32_ops_hook() -> None:
     import importlib
 
@@ -394,9 +375,17 @@ def install_native_fp32_ops_hook() -> None:
     gdn_triton = importlib.import_module("sglang.srt.layers.attention.linear.kernels.gdn_triton")
     _patch(gdn_triton, "chunk_gated_delta_rule",
            _gdn_chunk_in_bf16_for_fp32(gdn_triton.__dict__["chunk_gated_delta_rule"]))
+    # Qwen3.5's full-attention layers on CUDA prepare q/k/v/gate with one fused
+    # GemmaRMSNorm + RoPE + gate kernel (models/qwen3_5.py:1128 ->
+    # fused_qk_rmsnorm_rope_gate.py:65) that rounds the normalised q and k to
+    # bf16 even for fp32 input (fp32 parity: logprob gaps ~10x Qwen3-Next's,
+    # whose attention runs the ops above): fp32 input takes the layer's own
+    # forward_prepare_native, the same norm and rope in fp32
     layer = importlib.import_module("sglang.srt.models.qwen3_5").Qwen3_5AttentionDecoderLayer
     _patch(layer, "forward_prepare_cuda_fused",
-           _qwen3_5_prepare_native_for_fp32(layer.__dict__["forward_prepare_cuda_fused"]))
+           _native_for_fp32(layer.__dict__["forward_prepare_cuda_fused"],
+                            "Qwen3.5 attention's q/k norm + RoPE + gate",
+                            native="forward_prepare_native"))
 
 
 def uninstall_all() -> None:
