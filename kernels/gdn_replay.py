@@ -897,6 +897,11 @@ def _check_fold_copy(checkpoint, checkpoint_fold, v_buffer, beta_buffer, cap):
           f"{tuple(beta_buffer.shape)} {beta_buffer.dtype}")
 
 
+def window_tile(T: int) -> int:
+    """TP, the verify window's tiles' width: T padded to a power of two."""
+    return max(2, triton.next_power_of_2(T))
+
+
 def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, mixed_qkv,
             a, b, A_log, dt_bias, scale, out, buffer_len, num_k_heads, use_qk_l2norm, config,
             validate, route="auto", checkpoint_fold=None, v_buffer=None, beta_buffer=None,
@@ -998,7 +1003,7 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         vb.stride(0), vb.stride(1), vb.stride(2), bb.stride(0), bb.stride(1),
         qkv.stride(0), qkv.stride(1), a_.stride(0), a_.stride(1), b_.stride(0), b_.stride(1),
         o.stride(0), o.stride(1), o.stride(2), par.stride(0),
-        T=T, TP=max(16, triton.next_power_of_2(T)), MODE=mode, TREE=parents is not None,
+        T=T, TP=window_tile(T), MODE=mode, TREE=parents is not None,
         BLOCK_S=BLOCK_S, BLOCK_V=cfg.block,
         BLOCK_K=BLOCK_K,
         USE_QK_L2NORM=use_qk_l2norm, HAS_FOLD_COPY=has_fold, STORAGE_ORDER=cfg.storage_order,

@@ -25,8 +25,8 @@ the H100, benchmarks/results/diag/2026-12-06-fourth/ncu_sections_fp32.txt).
 usage: python scripts/kernel_regs.py [mamba2|gdn ...]   (default: both;
        TRITON_INTERPRET must be unset)
        python scripts/kernel_regs.py check   (exit 1 on such a conversion in
-       an output-only fused decode kernel, a Mamba-2 verify or a split
-       projection with the fold, or on a default verify / flush launch that spills;
+       an output-only fused decode or verify kernel or a split projection
+       with the fold, or on a default verify / flush launch that spills;
        tests/test_kernel_layouts.py)
 """
 from __future__ import annotations
@@ -271,17 +271,12 @@ FUSED_MODES = {"decode": (0, 1, L, False), "verify T=4": (1, 4, 32, False),
                "verify tree T=4": (1, 4, 32, True)}
 
 
-def window_tile(T):
-    """The GDN fused kernel's TP: its verify window padded for tl.dot."""
-    return max(16, triton.next_power_of_2(max(T, 1)))
-
-
 def gdn_fused_case(state, mode, block=32):
     ck, fold, kring, has_fold = GDN_STATES[state]
     m, t, block_s, tree = FUSED_MODES[mode]
     return (gdn._gdn_replay_kernel,
             dict(GDN_FUSED_PTRS, ckpt_ptr=ck, fold_ptr=fold, kbuf_ptr=kring, ubuf_ptr=ck),
-            {"T": t, "TP": window_tile(t), "MODE": m, "TREE": tree, "BLOCK_S": block_s,
+            {"T": t, "TP": gdn.window_tile(t), "MODE": m, "TREE": tree, "BLOCK_S": block_s,
              "BLOCK_V": block, "BLOCK_K": 128,
              "USE_QK_L2NORM": True, "HAS_FOLD_COPY": has_fold, "STORAGE_ORDER": False,
              "DOT_PRECISION": "tf32x3"})
@@ -324,12 +319,12 @@ def check() -> int:
     to an MMA layout outside its flush branch (the launch shapes of the
     defaults: block 32, 4 warps; (A) with fold_cols 32 and 0 = one chunk).
     The reconstruct route and the flush-only launch need the tile in that
-    layout by design, and so does GDN's verify, whose window solve multiplies
-    the tile with every draft's key and query in one tl.dot."""
+    layout by design."""
     bad = 0
     for state in ("fp32", "bf16"):
-        cases = {f"GDN fused decode {state}": gdn_fused_case(state, "decode")}
+        cases = {}
         for mode in FUSED_MODES:
+            cases[f"GDN fused {mode} {state}"] = gdn_fused_case(state, mode)
             cases[f"Mamba-2 fused {mode} {state}"] = mamba2_fused_case(state, mode)
         for cols in (32, 128):
             for outputs in (False, True):
@@ -365,7 +360,7 @@ def spilling_defaults() -> int:
                 consts = dict(consts, MODE=m, T=t, TREE=tree, BLOCK_S=block_s,
                               STORAGE_ORDER=cfg.storage_order)
                 if fam == "GDN":
-                    consts["TP"] = window_tile(t)
+                    consts["TP"] = gdn.window_tile(t)
                 _, spill = resources(compile_sm90(fn, ptrs, consts, cfg.num_warps))
                 name = f"{fam} {mode} {state} at block {cfg.block}, {cfg.num_warps} warps"
                 print(f"{name:<44} {'ok' if spill == 0 else f'{spill} B spilled'}")
