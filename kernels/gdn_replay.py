@@ -1,4 +1,4 @@
-"""Gated DeltaNet ReplaySSM kernels: decode, chain verify and flush in one Triton kernel.
+"""Gated DeltaNet ReplaySSM kernels: decode, verify (a chain or a tree of drafts) and flush.
 
 Per request slot and layer the pool holds a checkpoint ``h_c`` in SGLang's
 layout [HV, V, K] (the transposed state: ``h_c[v, :] . k`` is a V-row times
@@ -31,8 +31,11 @@ Inputs are read as SGLang's GDN decode passes them: the post-conv packed row
 dt_bias)``, ``beta = sigmoid(b)`` rounded to b's dtype (as the stock kernel).
 V-head ``hv`` reads k-head ``hv // (HV // H)``.
 
-One program handles (row, v-head, BLOCK_V rows of V) with all of K. The float64
-oracles are in :mod:`sglang_replayssm.reference`.
+One program handles (row, v-head, BLOCK_V rows of V) with all of K. A verify
+step's T drafts need each other's u only through a T x T lower triangular
+system: ``_window_solve`` first computes every draft's products with the
+checkpoint, the ring and the other drafts, independently, then solves it by
+forward substitution. The float64 oracles are in :mod:`sglang_replayssm.reference`.
 
 Decode also has the ``split`` route (benchmarks/NOTES.md, design A/B/C, as
 Mamba-2's): three launches per step, so that the checkpoint read does not
