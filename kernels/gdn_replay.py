@@ -71,7 +71,7 @@ import triton.language as tl
 
 from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
                      check_live_cursors, check_parents, check_pool, dot_precision,
-                     let_dependents_launch, on_path, overlap_launch, ring_block, ring_cumsum,
+                     let_dependents_launch, overlap_launch, ring_block, ring_cumsum,
                      ring_index, ring_positions, softplus, split_config, split_step_cursors,
                      tree_paths, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY

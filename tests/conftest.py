@@ -50,6 +50,54 @@ def _check_interpreter():
 _check_interpreter()
 
 
+def _patch_the_language_once_per_launch():
+    """Triton 3.6's interpreter re-patches triton.language (inspect.getmembers
+    over tl, tl.tensor and tl.math) on every call of a @triton.jit helper,
+    although the launch running it has patched the same module already and
+    restores it only when the launch ends. Our kernels call helpers per draft
+    and per ring read, so this was ~40% of an interpreted verify test's time
+    (cProfile, 2026-12-07). Inside a launch, a helper whose language modules
+    (tl, or tl.core for Triton's own helpers) were all patched earlier in the
+    launch gets an empty scope; everything else is patched as before."""
+    if HAS_CUDA or os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter
+    patch = getattr(interpreter, "_patch_lang", None)
+    scope_cls = getattr(interpreter, "_LangPatchScope", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    if patch is None or scope_cls is None or executor is None:  # another Triton
+        return
+    launches = []  # per launch running now: the language modules patched in it
+
+    def langs_of(fn):
+        return {id(v) for v in fn.__globals__.values() if v is tl or v is tl.core}
+
+    def patch_once(fn):
+        langs = langs_of(fn)
+        if launches and langs <= launches[-1]:
+            return scope_cls()
+        scope = patch(fn)
+        if launches:
+            launches[-1] |= langs
+        return scope
+
+    launch = executor.__call__
+
+    def launch_patching_once(self, *args, **kwargs):
+        launches.append(set())
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    interpreter._patch_lang = patch_once
+    executor.__call__ = launch_patching_once
+
+
+_patch_the_language_once_per_launch()
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return
