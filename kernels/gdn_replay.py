@@ -182,6 +182,13 @@ def _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos, fill, 
 
 
 @triton.jit
+def _beta(b):
+    """beta = sigmoid(b), computed in fp32 and rounded to b's dtype (as the stock
+    kernel), returned in fp32."""
+    return tl.sigmoid(b.to(tl.float32)).to(b.dtype).to(tl.float32)
+
+
+@triton.jit
 def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row, hv, hk, H, K,
                   V, scale, s_qkv_row, s_qkv_t, s_b_row, s_b_t, offs_t, offs_k, mask_k, offs_v,
                   mask_v, T: tl.constexpr, TREE: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
@@ -192,13 +199,15 @@ def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row,
     decays, a tree's per draft path (:func:`tree_paths`, which also gives
     ``path``); the drafts' q, k, v and b from their inputs. Returns (u, o)
     [BV, TP], column j draft j's corrected value and output, and the drafts'
-    keys [TP, K] (for the ring), over ``offs_t`` = 0 .. TP-1 (zero past T).
+    keys [TP, K] and betas [TP] (for the rings), over ``offs_t`` = 0 .. TP-1
+    (zero past T).
 
     Draft j sees the history and its ancestors i (every i < j in a chain),
     each decayed by exp(cum_j - cum_i). What does not depend on another
     draft's u comes first, draft by draft with no draft waiting on another:
     the checkpoint applied to its query and key, the history's
-    contributions, its key-key and key-query products with the window. What
+    contributions, its key-key and key-query products with the drafts up to
+    it (its ancestors come before it in the window). What
     is left is the triangular system
         u_j = beta_j (z_j - sum_{i sees-by j} exp(cum_j - cum_i) (k_i . k_j) u_i),
         z_j = v_j - exp(cum_j) h_c k_j - sum_{s in history} exp(cum_j - cum_s) (k_s . k_j) u_s,
@@ -212,7 +221,10 @@ def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row,
     z = tl.zeros([h.shape[0], offs_t.shape[0]], dtype=tl.float32)
     o = tl.zeros_like(z)
     kw = tl.zeros([offs_t.shape[0], h.shape[1]], dtype=tl.float32)
-    qw = tl.zeros_like(kw)
+    # c[i, j] = k_i . k_j and d[i, j] = k_i . q_j, then weighted below: what
+    # u_i adds to draft j's h k_j and to its output
+    c = tl.zeros([offs_t.shape[0], offs_t.shape[0]], dtype=tl.float32)
+    d = tl.zeros_like(c)
     beta_w = tl.zeros([offs_t.shape[0]], dtype=tl.float32)
     cum_w = tl.zeros_like(beta_w)
     path_w = tl.zeros_like(offs_t).to(tl.int64)
@@ -224,8 +236,7 @@ def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row,
             * scale
         v_j = tl.load(row_ptr + j * s_qkv_t + 2 * H * K + hv * V + offs_v, mask=mask_v,
                       other=0.0).to(tl.float32)
-        b_j = tl.load(b_ptr + row * s_b_row + j * s_b_t + hv)
-        beta = tl.sigmoid(b_j.to(tl.float32)).to(b_j.dtype).to(tl.float32)
+        beta = _beta(tl.load(b_ptr + row * s_b_row + j * s_b_t + hv))
         at_j = pos == fill + j
         cum_j = tl.sum(tl.where(at_j, cum, 0.0), axis=0)
         w = tl.where(is_hist, tl.exp(tl.minimum(cum_j - cum, 0.0)), 0.0)          # [S]
@@ -237,12 +248,13 @@ def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row,
         z = tl.where(col == j, (v_j - hk_j)[:, None], z)
         o = tl.where(col == j, hq_j[:, None], o)
         kw = tl.where((offs_t == j)[:, None], k_j[None, :], kw)
-        qw = tl.where((offs_t == j)[:, None], q_j[None, :], qw)
+        # kw holds drafts 0..j here: all that j sees (the other rows are 0)
+        c = tl.where(col == j, tl.sum(kw * k_j[None, :], axis=1)[:, None], c)
+        d = tl.where(col == j, tl.sum(kw * q_j[None, :], axis=1)[:, None], d)
         beta_w = tl.where(offs_t == j, beta, beta_w)
         cum_w = tl.where(offs_t == j, cum_j, cum_w)
         if TREE:
             path_w = tl.where(offs_t == j, tl.sum(tl.where(at_j, path, 0), axis=0), path_w)
-    # the window: c[i, j] = what u_i adds to draft j's h k_j, d[i, j] to its output
     t_ok = offs_t < T
     if TREE:
         sees = ((path_w[None, :] >> offs_t[:, None].to(tl.int64)) & 1) != 0     # [i, j]
@@ -252,13 +264,6 @@ def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row,
     sees = sees & t_ok[:, None] & t_ok[None, :]
     own = (offs_t[:, None] == offs_t[None, :]) & t_ok[None, :]
     dw = tl.exp(tl.minimum(cum_w[None, :] - cum_w[:, None], 0.0))
-    c = tl.zeros([offs_t.shape[0], offs_t.shape[0]], dtype=tl.float32)
-    d = tl.zeros_like(c)
-    for j in tl.static_range(T):
-        k_j = tl.sum(tl.where((offs_t == j)[:, None], kw, 0.0), axis=0)
-        c = tl.where(col == j, tl.sum(kw * k_j[None, :], axis=1)[:, None], c)    # k_i . k_j
-        q_j = tl.sum(tl.where((offs_t == j)[:, None], qw, 0.0), axis=0)
-        d = tl.where(col == j, tl.sum(kw * q_j[None, :], axis=1)[:, None], d)    # k_i . q_j
     c = tl.where(sees, dw * c, 0.0)
     d = tl.where(sees | own, dw * d, 0.0)
     u = tl.zeros_like(z)
@@ -270,7 +275,7 @@ def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row,
         z -= u_j[:, None] * c_j[None, :]
         o += u_j[:, None] * d_j[None, :]
         u = tl.where(col == j, u_j[:, None], u)
-    return u, o, kw
+    return u, o, kw, beta_w
 
 
 @triton.jit
@@ -373,8 +378,7 @@ def _gdn_replay_kernel(
                            USE_QK_L2NORM) * scale
         v_t = tl.load(qkv_ptr + row * s_qkv_row + 2 * H * K + hv * V + offs_v, mask=mask_v,
                       other=0.0).to(tl.float32)
-        b_t = tl.load(b_ptr + row * s_b_row + hv)
-        beta = tl.sigmoid(b_t.to(tl.float32)).to(b_t.dtype).to(tl.float32)
+        beta = _beta(tl.load(b_ptr + row * s_b_row + hv))
         decay = tl.exp(cum_q)
         w = tl.where(is_hist, tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)       # [S]
         kk = tl.sum(ks * k_t[None, :], axis=1)                                  # k_s . k_t
@@ -421,10 +425,10 @@ def _gdn_replay_kernel(
         # from: they are the recurrence's corrected values)
         offs_t = tl.arange(0, TP)
         t_ok = offs_t < T
-        u_w, o_w, kw = _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr,
-                                     row, hv, hk, H, K, V, scale, s_qkv_row, s_qkv_t, s_b_row,
-                                     s_b_t, offs_t, offs_k, mask_k, offs_v, mask_v, T, TREE,
-                                     USE_QK_L2NORM)
+        u_w, o_w, kw, beta_w = _window_solve(
+            h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row, hv, hk, H, K, V,
+            scale, s_qkv_row, s_qkv_t, s_b_row, s_b_t, offs_t, offs_k, mask_k, offs_v, mask_v,
+            T, TREE, USE_QK_L2NORM)
         m_vt = mask_v[:, None] & t_ok[None, :]
         tl.store(out_ptr + row * s_o_row + offs_t[None, :] * s_o_t + hv * s_o_head
                  + offs_v[:, None], o_w.to(out_ptr.dtype.element_ty), mask=m_vt)
@@ -446,7 +450,7 @@ def _gdn_replay_kernel(
         tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + r_w[None, :] * s_ub_pos
                  + offs_v[:, None], u_w.to(ubuf_ptr.dtype.element_ty), mask=m_vt)
         if HAS_FOLD_COPY:
-            # the raw values and betas, as loaded for the solve (L1 hits)
+            # the raw values, as loaded for the solve (L1 hits)
             t_ptr = qkv_ptr + row * s_qkv_row + offs_t[None, :] * s_qkv_t
             vw = tl.load(t_ptr + 2 * H * K + hv * V + offs_v[:, None], mask=m_vt, other=0.0)
             tl.store(vbuf_ptr + slot * s_vb_slot + hv * s_vb_head + r_w[None, :] * s_vb_pos
@@ -454,8 +458,6 @@ def _gdn_replay_kernel(
         if pid_v == 0:
             tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, g_s, mask=is_win)
             if HAS_FOLD_COPY:
-                b_w = tl.load(b_ptr + row * s_b_row + offs_t * s_b_t + hv, mask=t_ok, other=0.0)
-                beta_w = tl.sigmoid(b_w.to(tl.float32)).to(b_w.dtype).to(tl.float32)
                 tl.store(betabuf_ptr + slot * s_bb_slot + hv * s_bb_head + r_w, beta_w,
                          mask=t_ok)
 
@@ -465,8 +467,7 @@ def _token_gates(a_t, b_t, A_log, dt_bias):
     """This token's log decay g = -exp(A_log) softplus(a + dt_bias) and
     beta = sigmoid(b), rounded to b's dtype (as the stock kernel)."""
     g_t = -tl.exp(A_log.to(tl.float32)) * softplus(a_t.to(tl.float32) + dt_bias.to(tl.float32))
-    beta = tl.sigmoid(b_t.to(tl.float32)).to(b_t.dtype).to(tl.float32)
-    return g_t, beta
+    return g_t, _beta(b_t)
 
 
 @triton.jit
