@@ -38,7 +38,8 @@ all on CPU (Triton interpreter, tiny shapes, one eager pass per step, no
 timing) to catch shape and API bugs.
 
 usage: python scripts/bench_verify.py [--families gdn,mamba2] [--batches 1,64,256]
-         [--drafts chain:4,tree:8] [--accepted 2] [--buffer-len 16] [--dry-run]
+         [--drafts chain:4,tree:8] [--accepted 2] [--buffer-len 16] [--configs 16x8]
+         [--dry-run]
 """
 from __future__ import annotations
 
@@ -79,6 +80,11 @@ def parse(argv=None):
     ap.add_argument("--stock", default="all",
                     help="mamba2 stock backends: triton,flashinfer or all (FlashInfer's JIT "
                          "build takes ~3 min cold; it verifies chains only)")
+    ap.add_argument("--configs", default="",
+                    help="extra launch shapes for our verify kernels, timed beside the "
+                         "default: comma-separated ROWSxWARPS (e.g. 16x8,64x4); each row "
+                         "gains us_<ROWSxWARPS>, its speedup and register spill is the "
+                         "launch's own business (scripts/kernel_regs.py)")
     ap.add_argument("--slots", type=int, default=512)
     ap.add_argument("--rep-ms", type=float, default=40)
     ap.add_argument("--deadline-s", type=float, default=520)
@@ -101,6 +107,14 @@ def parse(argv=None):
                              f"that long")
         if T >= args.buffer_len:
             raise SystemExit(f"--drafts {kind}:{T}: T must be < --buffer-len {args.buffer_len}")
+    args.config_list = []
+    for cfg in filter(None, args.configs.split(",")):
+        rows, _, warps = cfg.partition("x")
+        if not (rows.isdigit() and warps.isdigit()) or int(rows) & (int(rows) - 1) \
+                or int(warps) not in (1, 2, 4, 8, 16):
+            raise SystemExit(f"--configs: {cfg!r} is not ROWSxWARPS (rows a power of 2, "
+                             f"warps 1/2/4/8/16)")
+        args.config_list.append((cfg, int(rows), int(warps)))
     # what bench_kernels' families read from their args
     args.u_buffer_dtype = args.k_buffer_dtype = "auto"
     args.gdn_fold_copy = False
@@ -198,12 +212,13 @@ class GDNVerify(_VerifyArms):
                 retrieve_parent_token=parents)
         return step
 
-    def ours_fn(self, state, pool, c, idx, parents, L, out):
+    def ours_fn(self, state, pool, c, idx, parents, L, out, config=None):
         def step():
             self.fam.m.gdn_replay_verify(
                 state, pool["k_buffer"], pool["u_buffer"], pool["g_buffer"], pool["fill"],
                 pool["origin"], idx, c["mixed_qkv"], c["a"], c["b"], c["A_log"], c["dt_bias"],
-                c["scale"], buffer_len=L, num_k_heads=c["H"], out=out, parents=parents)
+                c["scale"], buffer_len=L, num_k_heads=c["H"], out=out, parents=parents,
+                config=config)
         return step
 
     def ours_out(self, c, dtype):
@@ -246,12 +261,12 @@ class Mamba2Verify(_VerifyArms):
                     intermediate_state_indices=snap_idx)
         return step
 
-    def ours_fn(self, state, pool, c, idx, parents, L, out):
+    def ours_fn(self, state, pool, c, idx, parents, L, out, config=None):
         def step():
             self.fam.m.mamba2_replay_verify(
                 state, pool["x_buffer"], pool["B_buffer"], pool["dt_buffer"], pool["fill"],
                 pool["origin"], idx, c["x"], c["dt"], c["A"], c["B"], c["C"], buffer_len=L,
-                D=c["D"], dt_bias=c["dt_bias"], out=out, parents=parents)
+                D=c["D"], dt_bias=c["dt_bias"], out=out, parents=parents, config=config)
         return step
 
     def ours_out(self, c, dtype):
@@ -267,6 +282,7 @@ VERIFY = {"gdn": GDNVerify, "mamba2": Mamba2Verify}
 def main(argv=None):
     args = parse(argv)
     import sglang
+    from sglang_replayssm.kernels.common import LaunchConfig
     from sglang_replayssm.kernels.cursors import MODE_VERIFY, accept_path, commit
     try:
         from tqdm import tqdm
@@ -438,6 +454,16 @@ def main(argv=None):
             us_commit = timer.per_step_us([cmt] * n)
             row.update(us=bk.rnd(max(us_all - us_commit, 0.0) + us_commit / nl, 2),
                        commit_us=bk.rnd(us_commit, 2))
+            for name, rows, warps in args.config_list:
+                try:
+                    alt = arm.ours_fn(state, pool, c, idx, parents, L, out,
+                                      config=LaunchConfig(rows, warps))
+                    start()
+                    us_alt = timer.per_step_us([lambda alt=alt: (alt(), move(), cmt())] * n)
+                    row[f"us_{name}"] = bk.rnd(max(us_alt - us_commit, 0.0) + us_commit / nl, 2)
+                except Exception as e:
+                    row[f"us_{name}"] = None
+                    error(f"ours {name} {f} b={b} {kind}:{T}: {e!r}"[:300])
             if tree:
                 start()
                 row["accept_path_us"] = bk.rnd(timer.per_step_us([move] * n), 2)
@@ -463,9 +489,12 @@ def main(argv=None):
                        stock_bw_frac=(bk.rnd(stock_bytes / (row["stock_us"] * 1e-6) / copy_bw, 3)
                                       if row["stock_us"] and not args.dry_run else None))
             res["rows"].append(row)
-            print(f"{f} {shape} {sdt} b={b} {kind}:{T} A={A}: ours {bk.fmt(row['us'])} us, "
-                  f"stock {best} {bk.fmt(row['stock_us'])} us, x{bk.fmt(row['speedup'], '.2f')}"
-                  f", parity {row.get('max_rel_diff_vs_stock_triton')}", flush=True)
+            alts = "".join(f", {name} {bk.fmt(row[f'us_{name}'])}"
+                           for name, *_ in args.config_list)
+            print(f"{f} {shape} {sdt} b={b} {kind}:{T} A={A}: ours {bk.fmt(row['us'])} us"
+                  f"{alts}, stock {best} {bk.fmt(row['stock_us'])} us, "
+                  f"x{bk.fmt(row['speedup'], '.2f')}, parity "
+                  f"{row.get('max_rel_diff_vs_stock_triton')}", flush=True)
             del pool, state
             if dev == "cuda":
                 torch.cuda.empty_cache()
@@ -507,6 +536,17 @@ def write_md_png(res, args):
             f"{bk.fmt(r.get('max_rel_diff_vs_stock_triton'), '.1e')} |")
     lines += ["", "parity: max relative output difference vs the stock triton verify, fp32 "
                   "state, fp32 outputs, empty buffer (same checkpoint)."]
+    if args.config_list:
+        names = [name for name, *_ in args.config_list]
+        lines += ["", "Other launch shapes of our verify (rows x warps, `--configs`), µs "
+                      "per step and layer as above; the default's own shape is the "
+                      "launcher's `default_config`:", "",
+                  "| family | draft | T | batch | default | " + " | ".join(names) + " |",
+                  "|" + "---|" * (5 + len(names))]
+        for r in order:
+            lines.append(f"| {r['family']} | {r['draft']} | {r['window']} | {r['batch']} | "
+                         f"{bk.fmt(r['us'])} | "
+                         + " | ".join(bk.fmt(r.get(f"us_{n}")) for n in names) + " |")
     bk.write_markdown(base, lines, res["errors"])
     plt = bk.pyplot()
     if plt is None:
