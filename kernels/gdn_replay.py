@@ -73,7 +73,7 @@ from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite,
                      check_live_cursors, check_parents, check_pool, dot_precision,
                      let_dependents_launch, overlap_launch, ring_block, ring_cumsum,
                      ring_index, ring_positions, softplus, split_config, split_step_cursors,
-                     tree_paths, wait_for_prior_launch)
+                     tree_paths, wait_for_prior_launch, window_parents, window_tile)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_bf16_terms, fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
@@ -189,26 +189,48 @@ def _beta(b):
 
 
 @triton.jit
-def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row, hv, hk, H, K,
-                  V, scale, s_qkv_row, s_qkv_t, s_b_row, s_b_t, offs_t, offs_k, mask_k, offs_v,
-                  mask_v, T: tl.constexpr, TREE: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+def _window_inputs(qkv_ptr, b_ptr, row, hv, hk, H, K, V, scale, s_qkv_row, s_qkv_t, s_b_row,
+                   s_b_t, offs_t, offs_k, mask_k, offs_v, mask_v, T: tl.constexpr,
+                   USE_QK_L2NORM: tl.constexpr):
+    """A verify window's inputs as tiles over ``offs_t`` = 0 .. TP-1 (zero past
+    T): queries and keys [TP, K] in fp32 (normalised as :func:`_head_vector`,
+    q times ``scale``), values [BV, TP] and betas [TP]. Their addresses
+    depend on the row only, so the caller loads them with the checkpoint,
+    before any reduction (loads in the draft loop each waited on the
+    previous draft's reductions)."""
+    t_ok = offs_t < T
+    t_ptr = qkv_ptr + row * s_qkv_row + offs_t[:, None] * s_qkv_t
+    m_tk = t_ok[:, None] & mask_k[None, :]
+    qw = tl.load(t_ptr + hk * K + offs_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+    kw = tl.load(t_ptr + H * K + hk * K + offs_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+    vw = tl.load(qkv_ptr + row * s_qkv_row + offs_t[None, :] * s_qkv_t + 2 * H * K + hv * V
+                 + offs_v[:, None], mask=mask_v[:, None] & t_ok[None, :],
+                 other=0.0).to(tl.float32)
+    beta_w = _beta(tl.load(b_ptr + row * s_b_row + offs_t * s_b_t + hv, mask=t_ok, other=0.0))
+    if USE_QK_L2NORM:
+        qw = qw / tl.sqrt(tl.sum(qw * qw, axis=1) + 1e-6)[:, None]
+        kw = kw / tl.sqrt(tl.sum(kw * kw, axis=1) + 1e-6)[:, None]
+    return qw * scale, kw, vw, tl.where(t_ok, beta_w, 0.0)
+
+
+@triton.jit
+def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qw, kw, vw, beta_w, offs_t,
+                  T: tl.constexpr, TREE: tl.constexpr):
     """Outputs and corrected values of a verify window of T drafts at once.
 
     h [BV, K] the checkpoint tile; ks [S, K] / us [S, BV] the ring's history
     keys and corrected values (zero outside it); cum [S] the cumulative log
     decays, a tree's per draft path (:func:`tree_paths`, which also gives
-    ``path``); the drafts' q, k, v and b from their inputs. Returns (u, o)
-    [BV, TP], column j draft j's corrected value and output, and the drafts'
-    keys [TP, K] and betas [TP] (for the rings), over ``offs_t`` = 0 .. TP-1
-    (zero past T).
+    ``path``); the drafts' queries, keys, values and betas from
+    :func:`_window_inputs`. Returns (u, o) [BV, TP], column j draft j's
+    corrected value and output, over ``offs_t`` = 0 .. TP-1 (zero past T).
 
     Draft j sees the history and its ancestors i (every i < j in a chain),
     each decayed by exp(cum_j - cum_i). What does not depend on another
     draft's u comes first, draft by draft with no draft waiting on another:
     the checkpoint applied to its query and key, the history's
-    contributions, its key-key and key-query products with the drafts up to
-    it (its ancestors come before it in the window). What
-    is left is the triangular system
+    contributions, its key-key and key-query products with the other drafts.
+    What is left is the triangular system
         u_j = beta_j (z_j - sum_{i sees-by j} exp(cum_j - cum_i) (k_i . k_j) u_i),
         z_j = v_j - exp(cum_j) h_c k_j - sum_{s in history} exp(cum_j - cum_s) (k_s . k_j) u_s,
     solved by forward substitution over the T columns of [BV, TP] tiles, each
@@ -218,43 +240,34 @@ def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row,
     products are reductions, not tl.dot: at the tf32x3 precision fp32 parity
     needs, the dots spilled 1-2 KB a thread on sm_90 (scripts/kernel_regs.py)."""
     col = offs_t[None, :]
-    z = tl.zeros([h.shape[0], offs_t.shape[0]], dtype=tl.float32)
+    z = vw
     o = tl.zeros_like(z)
-    kw = tl.zeros([offs_t.shape[0], h.shape[1]], dtype=tl.float32)
     # c[i, j] = k_i . k_j and d[i, j] = k_i . q_j, then weighted below: what
-    # u_i adds to draft j's h k_j and to its output
+    # u_i adds to draft j's h k_j and to its output (the pairs draft j does
+    # not see are masked there)
     c = tl.zeros([offs_t.shape[0], offs_t.shape[0]], dtype=tl.float32)
     d = tl.zeros_like(c)
-    beta_w = tl.zeros([offs_t.shape[0]], dtype=tl.float32)
     cum_w = tl.zeros_like(beta_w)
     path_w = tl.zeros_like(offs_t).to(tl.int64)
-    row_ptr = qkv_ptr + row * s_qkv_row
     for j in tl.static_range(T):
-        k_j = _head_vector(row_ptr + j * s_qkv_t + H * K + hk * K + offs_k, mask_k,
-                           USE_QK_L2NORM)
-        q_j = _head_vector(row_ptr + j * s_qkv_t + hk * K + offs_k, mask_k, USE_QK_L2NORM) \
-            * scale
-        v_j = tl.load(row_ptr + j * s_qkv_t + 2 * H * K + hv * V + offs_v, mask=mask_v,
-                      other=0.0).to(tl.float32)
-        beta = _beta(tl.load(b_ptr + row * s_b_row + j * s_b_t + hv))
-        at_j = pos == fill + j
-        cum_j = tl.sum(tl.where(at_j, cum, 0.0), axis=0)
+        at_j = (offs_t == j)[:, None]
+        k_j = tl.sum(tl.where(at_j, kw, 0.0), axis=0)
+        q_j = tl.sum(tl.where(at_j, qw, 0.0), axis=0)
+        at = pos == fill + j
+        cum_j = tl.sum(tl.where(at, cum, 0.0), axis=0)
         w = tl.where(is_hist, tl.exp(tl.minimum(cum_j - cum, 0.0)), 0.0)          # [S]
         kk = tl.sum(ks * k_j[None, :], axis=1)                                     # k_s . k_j
         kq = tl.sum(ks * q_j[None, :], axis=1)                                     # k_s . q_j
         decay = tl.exp(cum_j)
         hk_j = decay * tl.sum(h * k_j[None, :], axis=1) + tl.sum(us * (w * kk)[:, None], axis=0)
         hq_j = decay * tl.sum(h * q_j[None, :], axis=1) + tl.sum(us * (w * kq)[:, None], axis=0)
-        z = tl.where(col == j, (v_j - hk_j)[:, None], z)
+        z = tl.where(col == j, z - hk_j[:, None], z)
         o = tl.where(col == j, hq_j[:, None], o)
-        kw = tl.where((offs_t == j)[:, None], k_j[None, :], kw)
-        # kw holds drafts 0..j here: all that j sees (the other rows are 0)
         c = tl.where(col == j, tl.sum(kw * k_j[None, :], axis=1)[:, None], c)
         d = tl.where(col == j, tl.sum(kw * q_j[None, :], axis=1)[:, None], d)
-        beta_w = tl.where(offs_t == j, beta, beta_w)
         cum_w = tl.where(offs_t == j, cum_j, cum_w)
         if TREE:
-            path_w = tl.where(offs_t == j, tl.sum(tl.where(at_j, path, 0), axis=0), path_w)
+            path_w = tl.where(offs_t == j, tl.sum(tl.where(at, path, 0), axis=0), path_w)
     t_ok = offs_t < T
     if TREE:
         sees = ((path_w[None, :] >> offs_t[:, None].to(tl.int64)) & 1) != 0     # [i, j]
@@ -275,7 +288,7 @@ def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row,
         z -= u_j[:, None] * c_j[None, :]
         o += u_j[:, None] * d_j[None, :]
         u = tl.where(col == j, u_j[:, None], u)
-    return u, o, kw, beta_w
+    return u, o
 
 
 @triton.jit
@@ -316,6 +329,13 @@ def _gdn_replay_kernel(
         return
     ck_off = slot * s_ck_slot + hv * s_ck_head + offs_v[:, None] * s_ck_v + offs_k[None, :]
     h = tl.load(ckpt_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)      # [BV, K]
+    if MODE == 1:  # the window's inputs, addresses from the row only: loaded now
+        offs_t = tl.arange(0, TP)
+        qw, kw, vw, beta_w = _window_inputs(qkv_ptr, b_ptr, row, hv, hk, H, K, V, scale,
+                                            s_qkv_row, s_qkv_t, s_b_row, s_b_t, offs_t, offs_k,
+                                            mask_k, offs_v, mask_v, T, USE_QK_L2NORM)
+        if TREE:
+            parents = window_parents(parent_ptr + row * s_par_row, offs_t, T)
     fill = tl.load(fill_ptr + slot)
     origin = tl.load(origin_ptr + slot)
     if MODE == 2:
@@ -354,7 +374,7 @@ def _gdn_replay_kernel(
     cum = ring_cumsum(g_s, pos, STORAGE_ORDER)
     path = pos  # read by a tree only
     if TREE:  # verify of a draft tree: each draft decays along its own path
-        cum, path = tree_paths(g_s, cum, pos, fill, parent_ptr + row * s_par_row, T)
+        cum, path = tree_paths(g_s, cum, pos, fill, parents, offs_t, T)
 
     no_win = offs_s < 0
     if MODE == 2:
@@ -423,12 +443,9 @@ def _gdn_replay_kernel(
         # history, and a window that fills the buffer folds the history (the
         # window's u do not depend on which checkpoint they were computed
         # from: they are the recurrence's corrected values)
-        offs_t = tl.arange(0, TP)
         t_ok = offs_t < T
-        u_w, o_w, kw, beta_w = _window_solve(
-            h, ks, us, cum, pos, is_hist, fill, path, qkv_ptr, b_ptr, row, hv, hk, H, K, V,
-            scale, s_qkv_row, s_qkv_t, s_b_row, s_b_t, offs_t, offs_k, mask_k, offs_v, mask_v,
-            T, TREE, USE_QK_L2NORM)
+        u_w, o_w = _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qw, kw, vw, beta_w,
+                                 offs_t, T, TREE)
         m_vt = mask_v[:, None] & t_ok[None, :]
         tl.store(out_ptr + row * s_o_row + offs_t[None, :] * s_o_t + hv * s_o_head
                  + offs_v[:, None], o_w.to(out_ptr.dtype.element_ty), mask=m_vt)
@@ -450,9 +467,7 @@ def _gdn_replay_kernel(
         tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + r_w[None, :] * s_ub_pos
                  + offs_v[:, None], u_w.to(ubuf_ptr.dtype.element_ty), mask=m_vt)
         if HAS_FOLD_COPY:
-            # the raw values, as loaded for the solve (L1 hits)
-            t_ptr = qkv_ptr + row * s_qkv_row + offs_t[None, :] * s_qkv_t
-            vw = tl.load(t_ptr + 2 * H * K + hv * V + offs_v[:, None], mask=m_vt, other=0.0)
+            # the raw values, as loaded for the solve
             tl.store(vbuf_ptr + slot * s_vb_slot + hv * s_vb_head + r_w[None, :] * s_vb_pos
                      + offs_v[:, None], vw.to(vbuf_ptr.dtype.element_ty), mask=m_vt)
         if pid_v == 0:
@@ -899,11 +914,6 @@ def _check_fold_copy(checkpoint, checkpoint_fold, v_buffer, beta_buffer, cap):
           and beta_buffer.dtype == torch.float32,
           f"beta_buffer must be float32 [num_slots={num_slots}, HV={HV}, capacity={cap}], got "
           f"{tuple(beta_buffer.shape)} {beta_buffer.dtype}")
-
-
-def window_tile(T: int) -> int:
-    """TP, the verify window's tiles' width: T padded to a power of two."""
-    return max(2, triton.next_power_of_2(T))
 
 
 def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, mixed_qkv,
