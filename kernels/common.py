@@ -254,12 +254,6 @@ def split_step_cursors(slot_ptr, fill_ptr, origin_ptr, row, offs_s, capacity):
     return slot, live, is_hist, is_win, ring, ring_index(origin, fill, capacity)
 
 
-def window_tile(T: int) -> int:
-    """TP, the width of a verify window's tiles (both families): T padded to
-    a power of two, at least 2."""
-    return max(2, triton.next_power_of_2(T))
-
-
 @triton.jit
 def ring_cumsum(x, pos, STORAGE_ORDER: tl.constexpr):
     """Inclusive prefix sum of x [S] in logical order: x at positions
@@ -272,12 +266,10 @@ def ring_cumsum(x, pos, STORAGE_ORDER: tl.constexpr):
 
 
 @triton.jit
-def tree_paths(x, cum, pos, fill, parents, offs_t, T: tl.constexpr):
+def tree_paths(x, cum, pos, fill, parent_ptr, T: tl.constexpr):
     """Tree verify (both families): the window's T drafts form a tree,
-    ``parents`` [TP] (over ``offs_t``, loaded by the caller with the window's
-    other inputs, before any reduction: a load per draft in this loop would
-    wait on the previous draft's reductions) = the window index of draft j's
-    parent (< j), or -1 for a draft that follows the committed history. A chain's
+    ``parent_ptr[j]`` = the window index of draft j's parent (< j), or -1
+    for a draft that follows the committed history. A chain's
     :func:`ring_cumsum` sums ``x`` (the per-token log decays) over every
     earlier draft; a tree draft's prefix holds only its ancestors. Returns
     (cum, path): ``cum`` with each window position's value replaced by the
@@ -288,7 +280,7 @@ def tree_paths(x, cum, pos, fill, parents, offs_t, T: tl.constexpr):
     cum_hist = tl.sum(tl.where(pos == fill - 1, cum, 0.0), axis=0)  # 0 for an empty history
     path = tl.zeros_like(pos).to(tl.int64)
     for j in tl.static_range(T):
-        p = tl.sum(tl.where(offs_t == j, parents, 0), axis=0)
+        p = tl.load(parent_ptr + j)
         at_parent = (pos == fill + p) & (p >= 0)
         base = tl.where(p >= 0, tl.sum(tl.where(at_parent, cum, 0.0), axis=0), cum_hist)
         ancestors = tl.sum(tl.where(at_parent, path, 0), axis=0)
@@ -296,12 +288,6 @@ def tree_paths(x, cum, pos, fill, parents, offs_t, T: tl.constexpr):
         cum = tl.where(at, base + tl.sum(tl.where(at, x, 0.0), axis=0), cum)
         path = tl.where(at, ancestors | (tl.full([], 1, tl.int64) << j), path)
     return cum, path
-
-
-@triton.jit
-def window_parents(parent_ptr, offs_t, T: tl.constexpr):
-    """A tree verify row's parents [TP] for :func:`tree_paths` (-1 past T)."""
-    return tl.load(parent_ptr + offs_t, mask=offs_t < T, other=-1)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Gated DeltaNet ReplaySSM kernels: decode, verify (a chain or a tree of drafts) and flush.
+"""Gated DeltaNet ReplaySSM kernels: decode, chain verify and flush in one Triton kernel.
 
 Per request slot and layer the pool holds a checkpoint ``h_c`` in SGLang's
 layout [HV, V, K] (the transposed state: ``h_c[v, :] . k`` is a V-row times
@@ -31,11 +31,8 @@ Inputs are read as SGLang's GDN decode passes them: the post-conv packed row
 dt_bias)``, ``beta = sigmoid(b)`` rounded to b's dtype (as the stock kernel).
 V-head ``hv`` reads k-head ``hv // (HV // H)``.
 
-One program handles (row, v-head, BLOCK_V rows of V) with all of K. A verify
-step's T drafts need each other's u only through a T x T lower triangular
-system: ``_window_solve`` first computes every draft's products with the
-checkpoint, the ring and the other drafts, independently, then solves it by
-forward substitution. The float64 oracles are in :mod:`sglang_replayssm.reference`.
+One program handles (row, v-head, BLOCK_V rows of V) with all of K. The float64
+oracles are in :mod:`sglang_replayssm.reference`.
 
 Decode also has the ``split`` route (benchmarks/NOTES.md, design A/B/C, as
 Mamba-2's): three launches per step, so that the checkpoint read does not
@@ -71,9 +68,9 @@ import triton.language as tl
 
 from .common import (ACT_DTYPES, LaunchConfig, SplitConfig, check, check_finite, check_fold_copy,
                      check_live_cursors, check_parents, check_pool, dot_precision,
-                     let_dependents_launch, overlap_launch, ring_block, ring_cumsum,
+                     let_dependents_launch, on_path, overlap_launch, ring_block, ring_cumsum,
                      ring_index, ring_positions, softplus, split_config, split_step_cursors,
-                     tree_paths, wait_for_prior_launch, window_parents, window_tile)
+                     tree_paths, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_bf16_terms, fold_dot, gdn_recompute_values, launch_split_fold
 from .projection import project_state
@@ -182,116 +179,6 @@ def _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos, fill, 
 
 
 @triton.jit
-def _beta(b):
-    """beta = sigmoid(b), computed in fp32 and rounded to b's dtype (as the stock
-    kernel), returned in fp32."""
-    return tl.sigmoid(b.to(tl.float32)).to(b.dtype).to(tl.float32)
-
-
-@triton.jit
-def _window_inputs(qkv_ptr, b_ptr, row, hv, hk, H, K, V, scale, s_qkv_row, s_qkv_t, s_b_row,
-                   s_b_t, offs_t, offs_k, mask_k, offs_v, mask_v, T: tl.constexpr,
-                   USE_QK_L2NORM: tl.constexpr):
-    """A verify window's inputs as tiles over ``offs_t`` = 0 .. TP-1 (zero past
-    T): queries and keys [TP, K] in fp32 (normalised as :func:`_head_vector`,
-    q times ``scale``), values [BV, TP] and betas [TP]. Their addresses
-    depend on the row only, so the caller loads them with the checkpoint,
-    before any reduction (loads in the draft loop each waited on the
-    previous draft's reductions)."""
-    t_ok = offs_t < T
-    t_ptr = qkv_ptr + row * s_qkv_row + offs_t[:, None] * s_qkv_t
-    m_tk = t_ok[:, None] & mask_k[None, :]
-    qw = tl.load(t_ptr + hk * K + offs_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-    kw = tl.load(t_ptr + H * K + hk * K + offs_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
-    vw = tl.load(qkv_ptr + row * s_qkv_row + offs_t[None, :] * s_qkv_t + 2 * H * K + hv * V
-                 + offs_v[:, None], mask=mask_v[:, None] & t_ok[None, :],
-                 other=0.0).to(tl.float32)
-    beta_w = _beta(tl.load(b_ptr + row * s_b_row + offs_t * s_b_t + hv, mask=t_ok, other=0.0))
-    if USE_QK_L2NORM:
-        qw = qw / tl.sqrt(tl.sum(qw * qw, axis=1) + 1e-6)[:, None]
-        kw = kw / tl.sqrt(tl.sum(kw * kw, axis=1) + 1e-6)[:, None]
-    return qw * scale, kw, vw, tl.where(t_ok, beta_w, 0.0)
-
-
-@triton.jit
-def _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qw, kw, vw, beta_w, offs_t,
-                  T: tl.constexpr, TREE: tl.constexpr):
-    """Outputs and corrected values of a verify window of T drafts at once.
-
-    h [BV, K] the checkpoint tile; ks [S, K] / us [S, BV] the ring's history
-    keys and corrected values (zero outside it); cum [S] the cumulative log
-    decays, a tree's per draft path (:func:`tree_paths`, which also gives
-    ``path``); the drafts' queries, keys, values and betas from
-    :func:`_window_inputs`. Returns (u, o) [BV, TP], column j draft j's
-    corrected value and output, over ``offs_t`` = 0 .. TP-1 (zero past T).
-
-    Draft j sees the history and its ancestors i (every i < j in a chain),
-    each decayed by exp(cum_j - cum_i). What does not depend on another
-    draft's u comes first, draft by draft with no draft waiting on another:
-    the checkpoint applied to its query and key, the history's
-    contributions, its key-key and key-query products with the other drafts.
-    What is left is the triangular system
-        u_j = beta_j (z_j - sum_{i sees-by j} exp(cum_j - cum_i) (k_i . k_j) u_i),
-        z_j = v_j - exp(cum_j) h_c k_j - sum_{s in history} exp(cum_j - cum_s) (k_s . k_j) u_s,
-    solved by forward substitution over the T columns of [BV, TP] tiles, each
-    u_j also added to the outputs it reaches. The loop this replaces computed
-    draft j's reductions after draft j-1's u, so the T drafts ran one after
-    the other (0.53-0.78x of SGLang's snapshotting verify on the H100). The
-    products are reductions, not tl.dot: at the tf32x3 precision fp32 parity
-    needs, the dots spilled 1-2 KB a thread on sm_90 (scripts/kernel_regs.py)."""
-    col = offs_t[None, :]
-    z = vw
-    o = tl.zeros_like(z)
-    # c[i, j] = k_i . k_j and d[i, j] = k_i . q_j, then weighted below: what
-    # u_i adds to draft j's h k_j and to its output (the pairs draft j does
-    # not see are masked there)
-    c = tl.zeros([offs_t.shape[0], offs_t.shape[0]], dtype=tl.float32)
-    d = tl.zeros_like(c)
-    cum_w = tl.zeros_like(beta_w)
-    path_w = tl.zeros_like(offs_t).to(tl.int64)
-    for j in tl.static_range(T):
-        at_j = (offs_t == j)[:, None]
-        k_j = tl.sum(tl.where(at_j, kw, 0.0), axis=0)
-        q_j = tl.sum(tl.where(at_j, qw, 0.0), axis=0)
-        at = pos == fill + j
-        cum_j = tl.sum(tl.where(at, cum, 0.0), axis=0)
-        w = tl.where(is_hist, tl.exp(tl.minimum(cum_j - cum, 0.0)), 0.0)          # [S]
-        kk = tl.sum(ks * k_j[None, :], axis=1)                                     # k_s . k_j
-        kq = tl.sum(ks * q_j[None, :], axis=1)                                     # k_s . q_j
-        decay = tl.exp(cum_j)
-        hk_j = decay * tl.sum(h * k_j[None, :], axis=1) + tl.sum(us * (w * kk)[:, None], axis=0)
-        hq_j = decay * tl.sum(h * q_j[None, :], axis=1) + tl.sum(us * (w * kq)[:, None], axis=0)
-        z = tl.where(col == j, z - hk_j[:, None], z)
-        o = tl.where(col == j, hq_j[:, None], o)
-        c = tl.where(col == j, tl.sum(kw * k_j[None, :], axis=1)[:, None], c)
-        d = tl.where(col == j, tl.sum(kw * q_j[None, :], axis=1)[:, None], d)
-        cum_w = tl.where(offs_t == j, cum_j, cum_w)
-        if TREE:
-            path_w = tl.where(offs_t == j, tl.sum(tl.where(at, path, 0), axis=0), path_w)
-    t_ok = offs_t < T
-    if TREE:
-        sees = ((path_w[None, :] >> offs_t[:, None].to(tl.int64)) & 1) != 0     # [i, j]
-        sees = sees & (offs_t[:, None] != offs_t[None, :])
-    else:
-        sees = offs_t[:, None] < offs_t[None, :]
-    sees = sees & t_ok[:, None] & t_ok[None, :]
-    own = (offs_t[:, None] == offs_t[None, :]) & t_ok[None, :]
-    dw = tl.exp(tl.minimum(cum_w[None, :] - cum_w[:, None], 0.0))
-    c = tl.where(sees, dw * c, 0.0)
-    d = tl.where(sees | own, dw * d, 0.0)
-    u = tl.zeros_like(z)
-    for j in tl.static_range(T):
-        beta_j = tl.sum(tl.where(offs_t == j, beta_w, 0.0), axis=0)
-        u_j = beta_j * tl.sum(tl.where(col == j, z, 0.0), axis=1)                 # [BV]
-        c_j = tl.sum(tl.where((offs_t == j)[:, None], c, 0.0), axis=0)            # row j
-        d_j = tl.sum(tl.where((offs_t == j)[:, None], d, 0.0), axis=0)
-        z -= u_j[:, None] * c_j[None, :]
-        o += u_j[:, None] * d_j[None, :]
-        u = tl.where(col == j, u_j[:, None], u)
-    return u, o
-
-
-@triton.jit
 def _gdn_replay_kernel(
     ckpt_ptr, fold_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr,
     fill_ptr, origin_ptr, slot_ptr, parent_ptr,
@@ -304,7 +191,7 @@ def _gdn_replay_kernel(
     s_vb_slot, s_vb_head, s_vb_pos, s_bb_slot, s_bb_head,
     s_qkv_row, s_qkv_t, s_a_row, s_a_t, s_b_row, s_b_t,
     s_o_row, s_o_t, s_o_head, s_par_row,
-    T: tl.constexpr, TP: tl.constexpr, MODE: tl.constexpr, TREE: tl.constexpr,
+    T: tl.constexpr, MODE: tl.constexpr, TREE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, STORAGE_ORDER: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -329,13 +216,6 @@ def _gdn_replay_kernel(
         return
     ck_off = slot * s_ck_slot + hv * s_ck_head + offs_v[:, None] * s_ck_v + offs_k[None, :]
     h = tl.load(ckpt_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)      # [BV, K]
-    if MODE == 1:  # the window's inputs, addresses from the row only: loaded now
-        offs_t = tl.arange(0, TP)
-        qw, kw, vw, beta_w = _window_inputs(qkv_ptr, b_ptr, row, hv, hk, H, K, V, scale,
-                                            s_qkv_row, s_qkv_t, s_b_row, s_b_t, offs_t, offs_k,
-                                            mask_k, offs_v, mask_v, T, USE_QK_L2NORM)
-        if TREE:
-            parents = window_parents(parent_ptr + row * s_par_row, offs_t, T)
     fill = tl.load(fill_ptr + slot)
     origin = tl.load(origin_ptr + slot)
     if MODE == 2:
@@ -351,9 +231,10 @@ def _gdn_replay_kernel(
     g_s = tl.where(is_hist, g_s, 0.0)
     kb_off = slot * s_kb_slot + hk * s_kb_head + ring[:, None] * s_kb_pos + offs_k[None, :]
     key_ptr = qkv_ptr + row * s_qkv_row + H * K + hk * K
-    # the history's keys [S, K] (a window's keys come from its input)
+    # history keys [S, K] and the window's but the last (verify's token j
+    # reads the keys of tokens < j; decode's only token reads the history)
     ks = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos, fill, offs_k,
-                    mask_k, 0, USE_QK_L2NORM)
+                    mask_k, T - 1, USE_QK_L2NORM)
     us = tl.load(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
                  + offs_v[None, :], mask=ring_ok[:, None] & mask_v[None, :],
                  other=0.0).to(tl.float32)                                   # [S, BV]
@@ -364,7 +245,7 @@ def _gdn_replay_kernel(
     vwin = tl.zeros([BLOCK_S, BLOCK_V], dtype=tl.float32)
     bwin = tl.zeros([BLOCK_S], dtype=tl.float32)
 
-    # window gates (the window's u is computed below)
+    # window gates (the window's u is computed below, token by token)
     A_log = tl.load(A_log_ptr + hv).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + hv).to(tl.float32)
     for j in tl.static_range(T):
@@ -372,109 +253,95 @@ def _gdn_replay_kernel(
         g_j = -tl.exp(A_log) * softplus(a_j + dt_bias)
         g_s = tl.where(pos == fill + j, g_j, g_s)
     cum = ring_cumsum(g_s, pos, STORAGE_ORDER)
-    path = pos  # read by a tree only
     if TREE:  # verify of a draft tree: each draft decays along its own path
-        cum, path = tree_paths(g_s, cum, pos, fill, parents, offs_t, T)
+        cum, path = tree_paths(g_s, cum, pos, fill, parent_ptr + row * s_par_row, T)
 
     no_win = offs_s < 0
     if MODE == 2:
         _flush(us, ks, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
                ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin, no_win,
                HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
-    elif MODE == 0:
-        # decode: outputs from the checkpoint as read, over history + this
-        # token; a full buffer then folds history + this token and appends
-        # nothing. The flush comes after the outputs, so the tile the outputs
-        # reduce keeps one layout (a fold first made Triton move the tile to
-        # the dot's layout on every step).
-        flush = fill + 1 >= buffer_len
-        cum_q = tl.sum(tl.where(pos == fill, cum, 0.0), axis=0)
-        # the key from its input again (the same load and norm as above, which
-        # the compiler may share), not picked out of the ring tile: h_c k_t
-        # then waits for the checkpoint read only, not for the cursor -> ring
-        # loads as well
-        k_t = _head_vector(key_ptr + offs_k, mask_k, USE_QK_L2NORM)
-        q_t = _head_vector(qkv_ptr + row * s_qkv_row + hk * K + offs_k, mask_k,
-                           USE_QK_L2NORM) * scale
-        v_t = tl.load(qkv_ptr + row * s_qkv_row + 2 * H * K + hv * V + offs_v, mask=mask_v,
-                      other=0.0).to(tl.float32)
-        beta = _beta(tl.load(b_ptr + row * s_b_row + hv))
-        decay = tl.exp(cum_q)
-        w = tl.where(is_hist, tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)       # [S]
-        kk = tl.sum(ks * k_t[None, :], axis=1)                                  # k_s . k_t
-        kq = tl.sum(ks * q_t[None, :], axis=1)                                  # k_s . q_t
-        # u_t = beta (v_t - (decayed state before t) k_t)
-        hk_t = decay * tl.sum(h * k_t[None, :], axis=1) + tl.sum(us * (w * kk)[:, None], axis=0)
-        u_t = beta * (v_t - hk_t)
-        o_t = decay * tl.sum(h * q_t[None, :], axis=1) + tl.sum(us * (w * kq)[:, None], axis=0) \
-            + tl.sum(k_t * q_t) * u_t
-        us = tl.where(is_win[:, None], u_t[None, :], us)
-        if HAS_FOLD_COPY:
-            vwin = tl.where(is_win[:, None], v_t[None, :], vwin)
-            bwin = tl.where(is_win, beta, bwin)
-        tl.store(out_ptr + row * s_o_row + hv * s_o_head + offs_v,
-                 o_t.to(out_ptr.dtype.element_ty), mask=mask_v)
-        # the k ring gets the key from the k-head's first v-head, first V slice
-        k_writer = (pid_v == 0) & (hv % (HV // H) == 0) & (fill + 1 < buffer_len)
-        r_t = ring_index(origin, fill, capacity)
-        tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + r_t * s_kb_pos + offs_k,
-                 k_t.to(kbuf_ptr.dtype.element_ty), mask=mask_k & k_writer)
-        if flush:
-            # the keys are read again (L2 hits), not kept alive from the step
-            fold_keys = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos,
-                                   fill, offs_k, mask_k, 1, USE_QK_L2NORM)
-            _flush(us, fold_keys, cum, pos, fill, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
-                   ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin, is_win,
-                   HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
-        else:
-            tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
-                     + offs_v[None, :], us.to(ubuf_ptr.dtype.element_ty),
-                     mask=is_win[:, None] & mask_v[None, :])
-            if HAS_FOLD_COPY:
-                tl.store(vbuf_ptr + vb_off, vwin.to(vbuf_ptr.dtype.element_ty),
-                         mask=is_win[:, None] & mask_v[None, :])
-            if pid_v == 0:
-                tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, g_s, mask=is_win)
-                if HAS_FOLD_COPY:
-                    tl.store(betabuf_ptr + bb_off, bwin, mask=is_win)
     else:
-        # verify: every draft's output and corrected value from one read of
-        # the checkpoint (_window_solve); the window is appended after the
-        # history, and a window that fills the buffer folds the history (the
-        # window's u do not depend on which checkpoint they were computed
-        # from: they are the recurrence's corrected values)
-        t_ok = offs_t < T
-        u_w, o_w = _window_solve(h, ks, us, cum, pos, is_hist, fill, path, qw, kw, vw, beta_w,
-                                 offs_t, T, TREE)
-        m_vt = mask_v[:, None] & t_ok[None, :]
-        tl.store(out_ptr + row * s_o_row + offs_t[None, :] * s_o_t + hv * s_o_head
-                 + offs_v[:, None], o_w.to(out_ptr.dtype.element_ty), mask=m_vt)
-        if fill + T >= buffer_len:
-            # the keys are read again (L2 hits), not kept alive from the step
-            fold_keys = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos,
-                                   fill, offs_k, mask_k, 0, USE_QK_L2NORM)
-            _flush(us, fold_keys, cum, pos, fill - 1, ckpt_ptr, fold_ptr, vbuf_ptr,
-                   betabuf_ptr, ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin,
-                   bwin, no_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
-        # append the window at logical positions fill .. fill+T-1: k from the
-        # k-head's first v-head, first V slice; u by every V slice; g (and
-        # the raw v and beta of a fold copy) by the first V slice of each v-head
-        r_w = ring_index(origin, fill + offs_t, capacity)                       # [TP]
+        if MODE == 0:  # decode: a full buffer folds history + this token, appends nothing
+            flush = fill + 1 >= buffer_len
+            n_write = tl.where(flush, 0, 1)
+        else:  # verify: the window is appended; a window that fills the buffer folds the history
+            flush = fill + T >= buffer_len
+            n_write = T
+        # the k ring gets the window's keys from the k-head's first v-head, first V slice
         k_writer = (pid_v == 0) & (hv % (HV // H) == 0)
-        tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + r_w[:, None] * s_kb_pos
-                 + offs_k[None, :], kw.to(kbuf_ptr.dtype.element_ty),
-                 mask=t_ok[:, None] & mask_k[None, :] & k_writer)
-        tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + r_w[None, :] * s_ub_pos
-                 + offs_v[:, None], u_w.to(ubuf_ptr.dtype.element_ty), mask=m_vt)
-        if HAS_FOLD_COPY:
-            # the raw values, as loaded for the solve
-            tl.store(vbuf_ptr + slot * s_vb_slot + hv * s_vb_head + r_w[None, :] * s_vb_pos
-                     + offs_v[:, None], vw.to(vbuf_ptr.dtype.element_ty), mask=m_vt)
-        if pid_v == 0:
-            tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, g_s, mask=is_win)
+        # outputs from the checkpoint as read, over history + window; a flush
+        # comes after them (decode and verify alike), so the tile the outputs
+        # reduce keeps one layout (a fold before the outputs made Triton move
+        # the tile to the dot's layout on every verify step)
+        for j in tl.static_range(T):
+            q_pos = fill + j
+            cum_q = tl.sum(tl.where(pos == q_pos, cum, 0.0), axis=0)
+            # the key from its input again (the same load and norm as above,
+            # which the compiler may share), not picked out of the ring tile:
+            # h_c k_j then waits for the checkpoint read only, not for the
+            # cursor -> ring loads as well
+            k_j = _head_vector(key_ptr + j * s_qkv_t + offs_k, mask_k, USE_QK_L2NORM)
+            q_j = _head_vector(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
+                               mask_k, USE_QK_L2NORM) * scale
+            v_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + 2 * H * K + hv * V + offs_v,
+                          mask=mask_v, other=0.0).to(tl.float32)
+            b_j = tl.load(b_ptr + row * s_b_row + j * s_b_t + hv)
+            beta = tl.sigmoid(b_j.to(tl.float32)).to(b_j.dtype).to(tl.float32)
+            decay = tl.exp(cum_q)
+            if TREE:  # the history and the draft's ancestors
+                sees = on_path(path, pos, q_pos, is_hist, is_win, win) & (pos != q_pos)
+            else:  # the history and every earlier draft
+                sees = pos < q_pos
+            w = tl.where(sees, tl.exp(tl.minimum(cum_q - cum, 0.0)), 0.0)       # [S]
+            kk = tl.sum(ks * k_j[None, :], axis=1)                              # k_s . k_j
+            kq = tl.sum(ks * q_j[None, :], axis=1)                              # k_s . q_j
+            # u_j = beta (v_j - (decayed state before j) k_j)
+            hk_j = decay * tl.sum(h * k_j[None, :], axis=1) + tl.sum(us * (w * kk)[:, None], axis=0)
+            u_j = beta * (v_j - hk_j)
+            o_j = decay * tl.sum(h * q_j[None, :], axis=1) + tl.sum(us * (w * kq)[:, None], axis=0) \
+                + tl.sum(k_j * q_j) * u_j
+            us = tl.where((pos == q_pos)[:, None], u_j[None, :], us)
             if HAS_FOLD_COPY:
-                tl.store(betabuf_ptr + slot * s_bb_slot + hv * s_bb_head + r_w, beta_w,
-                         mask=t_ok)
+                vwin = tl.where((pos == q_pos)[:, None], v_j[None, :], vwin)
+                bwin = tl.where(pos == q_pos, beta, bwin)
+            tl.store(out_ptr + row * s_o_row + j * s_o_t + hv * s_o_head + offs_v,
+                     o_j.to(out_ptr.dtype.element_ty), mask=mask_v)
+            # append this token's key at logical position fill + j
+            r_j = ring_index(origin, fill + j, capacity)
+            tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + r_j * s_kb_pos + offs_k,
+                     k_j.to(kbuf_ptr.dtype.element_ty), mask=mask_k & k_writer & (j < n_write))
+        if flush:
+            # decode folds history + this token; verify the committed history
+            # (the window's u do not depend on which checkpoint they were
+            # computed from: they are the recurrence's corrected values). The
+            # keys are read again (L2 hits), not kept alive from the step.
+            if MODE == 0:
+                fold_keys = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t,
+                                       pos, fill, offs_k, mask_k, 1, USE_QK_L2NORM)
+                last = fill
+                folded_win = is_win
+            else:
+                fold_keys = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t,
+                                       pos, fill, offs_k, mask_k, 0, USE_QK_L2NORM)
+                last = fill - 1
+                folded_win = no_win
+            _flush(us, fold_keys, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+                   ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin,
+                   folded_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
+        # append the window: u by every V slice, g by the first V slice of each
+        # v-head (k went in above, token by token)
+        write = is_win & (win < n_write)
+        tl.store(ubuf_ptr + slot * s_ub_slot + hv * s_ub_head + ring[:, None] * s_ub_pos
+                 + offs_v[None, :], us.to(ubuf_ptr.dtype.element_ty),
+                 mask=write[:, None] & mask_v[None, :])
+        if HAS_FOLD_COPY:
+            tl.store(vbuf_ptr + vb_off, vwin.to(vbuf_ptr.dtype.element_ty),
+                     mask=write[:, None] & mask_v[None, :])
+        if pid_v == 0:
+            tl.store(gbuf_ptr + slot * s_gb_slot + hv * s_gb_head + ring, g_s, mask=write)
+            if HAS_FOLD_COPY:
+                tl.store(betabuf_ptr + bb_off, bwin, mask=write)
 
 
 @triton.jit
@@ -482,7 +349,8 @@ def _token_gates(a_t, b_t, A_log, dt_bias):
     """This token's log decay g = -exp(A_log) softplus(a + dt_bias) and
     beta = sigmoid(b), rounded to b's dtype (as the stock kernel)."""
     g_t = -tl.exp(A_log.to(tl.float32)) * softplus(a_t.to(tl.float32) + dt_bias.to(tl.float32))
-    return g_t, _beta(b_t)
+    beta = tl.sigmoid(b_t.to(tl.float32)).to(b_t.dtype).to(tl.float32)
+    return g_t, beta
 
 
 @triton.jit
@@ -1017,8 +885,7 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         vb.stride(0), vb.stride(1), vb.stride(2), bb.stride(0), bb.stride(1),
         qkv.stride(0), qkv.stride(1), a_.stride(0), a_.stride(1), b_.stride(0), b_.stride(1),
         o.stride(0), o.stride(1), o.stride(2), par.stride(0),
-        T=T, TP=window_tile(T), MODE=mode, TREE=parents is not None,
-        BLOCK_S=BLOCK_S, BLOCK_V=cfg.block,
+        T=T, MODE=mode, TREE=parents is not None, BLOCK_S=BLOCK_S, BLOCK_V=cfg.block,
         BLOCK_K=BLOCK_K,
         USE_QK_L2NORM=use_qk_l2norm, HAS_FOLD_COPY=has_fold, STORAGE_ORDER=cfg.storage_order,
         DOT_PRECISION=dot_precision(), num_warps=cfg.num_warps,

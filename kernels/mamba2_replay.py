@@ -67,8 +67,7 @@ from .common import (ACT_DTYPES, STATE_DTYPES, LaunchConfig, SplitConfig, check,
                      check_fold_copy, check_live_cursors, check_parents, check_pool,
                      dot_precision, let_dependents_launch, on_path, overlap_launch, ring_block,
                      ring_cumsum, ring_index, ring_positions, softplus, split_config,
-                     split_step_cursors, tree_paths, wait_for_prior_launch, window_parents,
-                     window_tile)
+                     split_step_cursors, tree_paths, wait_for_prior_launch)
 from .cursors import MODE_DECODE, MODE_FLUSH, MODE_VERIFY
 from .fold import fold_bf16_terms
 from .fold import fold_dot as _fold
@@ -155,7 +154,7 @@ def _mamba2_replay_kernel(
     s_z_row, s_z_t, s_z_head,
     s_o_row, s_o_t, s_o_head,
     s_A, s_D, s_dtb, s_par_row,
-    T: tl.constexpr, TP: tl.constexpr, MODE: tl.constexpr, TREE: tl.constexpr,
+    T: tl.constexpr, MODE: tl.constexpr, TREE: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     RECONSTRUCT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
@@ -186,23 +185,6 @@ def _mamba2_replay_kernel(
     # the checkpoint tile's address depends on the slot only: issued first.
     # A fold copy, if any, is read instead by the rows that fold.
     h_c = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0)
-    if MODE == 1:
-        # a verify window's C, x, z and parents [TP, ..] (addresses from the row
-        # only), all loaded now: loads in the draft loop below would each
-        # wait on the previous draft's reductions, one memory round trip per
-        # draft (the T drafts then cost ~T decode steps, H100 2026-12-07)
-        offs_t = tl.arange(0, TP)
-        m_tp = (offs_t < T)[:, None] & mask_p[None, :]
-        Cw = tl.load(C_ptr + row * s_C_row + offs_t[:, None] * s_C_t + group * s_C_group
-                     + offs_n[None, :], mask=(offs_t < T)[:, None] & mask_n[None, :],
-                     other=0.0)                                              # [TP, N]
-        xw = tl.load(x_ptr + row * s_x_row + offs_t[:, None] * s_x_t + head * s_x_head
-                     + offs_p[None, :], mask=m_tp, other=0.0)                # [TP, P]
-        d, zw = _skip_gate_inputs(D_ptr, head, s_D, z_ptr + row * s_z_row + head * s_z_head
-                                  + offs_t[:, None] * s_z_t + offs_p[None, :], m_tp,
-                                  HAS_D, HAS_Z)
-        if TREE:
-            parents = window_parents(parent_ptr + row * s_par_row, offs_t, T)
 
     # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window;
     # entries not in the history are zeroed after the load (storage order
@@ -236,7 +218,7 @@ def _mamba2_replay_kernel(
         Bs = tl.where(at[:, None], B_j[None, :], Bs)
     cum = ring_cumsum(dt * A, pos, STORAGE_ORDER)
     if TREE:  # verify of a draft tree: each draft decays along its own path
-        cum, path = tree_paths(dt * A, cum, pos, fill, parents, offs_t, T)
+        cum, path = tree_paths(dt * A, cum, pos, fill, parent_ptr + row * s_par_row, T)
 
     if MODE == 0:
         # ---- decode: one token at position `fill`, always accepted ----
@@ -280,12 +262,10 @@ def _mamba2_replay_kernel(
             # comes after them: folding first made Triton move the tile to
             # the dot's layout on every verify step (scripts/kernel_regs.py)
             h = h_c.to(tl.float32)
-            Cw = Cw.to(tl.float32)
-            yw = tl.zeros([TP, BLOCK_P], dtype=tl.float32)
             for j in tl.static_range(T):
                 q = fill + j
-                at_j = (offs_t == j)[:, None]
-                C_q = tl.sum(tl.where(at_j, Cw, 0.0), axis=0)
+                C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
+                              mask=mask_n, other=0.0).to(tl.float32)
                 cum_q = tl.sum(tl.where(pos == q, cum, 0.0), axis=0)
                 if TREE:  # the history, the draft's ancestors and itself
                     live = on_path(path, pos, q, is_hist, is_win, win)
@@ -301,10 +281,12 @@ def _mamba2_replay_kernel(
                     cb = tl.sum(Bs * C_q[None, :], axis=1)
                     y = decay * tl.sum(h * C_q[None, :], axis=1) + \
                         tl.sum(xs * (w * cb)[:, None], axis=0)
-                yw = tl.where(at_j, y[None, :], yw)
-            yw = _skip_gate(yw, xw.to(tl.float32), d, zw, HAS_D, HAS_Z)
-            tl.store(out_ptr + row * s_o_row + offs_t[:, None] * s_o_t + head * s_o_head
-                     + offs_p[None, :], yw.to(out_ptr.dtype.element_ty), mask=m_tp)
+                x_q = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
+                              mask=mask_p, other=0.0).to(tl.float32)
+                _finish_output(y, x_q, D_ptr, head, s_D,
+                               z_ptr + row * s_z_row + j * s_z_t + head * s_z_head + offs_p,
+                               out_ptr + row * s_o_row + j * s_o_t + head * s_o_head + offs_p,
+                               mask_p, HAS_D, HAS_Z)
             if fill + T >= buffer_len:
                 # the tile folded is read again (L2-hot), not taken from h_c,
                 # for the same reason
@@ -844,8 +826,7 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         outs.stride(0), outs.stride(1), outs.stride(2),
         A.stride(0), D.stride(0) if D is not None else 0,
         dt_bias.stride(0) if dt_bias is not None else 0, par.stride(0),
-        T=T, TP=window_tile(T), MODE=mode, TREE=parents is not None, BLOCK_S=BLOCK_S,
-        BLOCK_P=cfg.block,
+        T=T, MODE=mode, TREE=parents is not None, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block,
         BLOCK_N=BLOCK_N,
         RECONSTRUCT=(route == "reconstruct"), HAS_FOLD_COPY=checkpoint_fold is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,

@@ -50,7 +50,6 @@ from sglang_replayssm.kernels import fold as fd  # noqa: E402
 from sglang_replayssm.kernels import gdn_replay as gdn  # noqa: E402
 from sglang_replayssm.kernels import mamba2_replay as m2  # noqa: E402
 from sglang_replayssm.kernels import projection as pj  # noqa: E402
-from sglang_replayssm.kernels.common import window_tile  # noqa: E402
 from sglang_replayssm.kernels.cursors import MODE_FLUSH  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -277,8 +276,8 @@ def gdn_fused_case(state, mode, block=32):
     m, t, block_s, tree = FUSED_MODES[mode]
     return (gdn._gdn_replay_kernel,
             dict(GDN_FUSED_PTRS, ckpt_ptr=ck, fold_ptr=fold, kbuf_ptr=kring, ubuf_ptr=ck),
-            {"T": t, "TP": window_tile(t), "MODE": m, "TREE": tree, "BLOCK_S": block_s,
-             "BLOCK_V": block, "BLOCK_K": 128,
+            {"T": t, "MODE": m, "TREE": tree, "BLOCK_S": block_s, "BLOCK_V": block,
+             "BLOCK_K": 128,
              "USE_QK_L2NORM": True, "HAS_FOLD_COPY": has_fold, "STORAGE_ORDER": False,
              "DOT_PRECISION": "tf32x3"})
 
@@ -286,8 +285,7 @@ def gdn_fused_case(state, mode, block=32):
 def mamba2_fused_case(state, mode, reconstruct=False, block=32):
     m, t, block_s, tree = FUSED_MODES[mode]
     return (m2._mamba2_replay_kernel, dict(MAMBA2_PTRS, ckpt_ptr=f"*{state}", fold_ptr=f"*{state}"),
-            {"T": t, "TP": window_tile(t), "MODE": m, "TREE": tree, "BLOCK_S": block_s,
-             "BLOCK_P": block, "BLOCK_N": N,
+            {"T": t, "MODE": m, "TREE": tree, "BLOCK_S": block_s, "BLOCK_P": block, "BLOCK_N": N,
              "RECONSTRUCT": reconstruct, "HAS_FOLD_COPY": False, "HAS_D": True, "HAS_Z": False,
              "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "STORAGE_ORDER": True,
              "DOT_PRECISION": "tf32x3"})
@@ -361,7 +359,6 @@ def spilling_defaults() -> int:
                     fn, ptrs, consts = mamba2_fused_case(state, "decode", block=cfg.block)
                 consts = dict(consts, MODE=m, T=t, TREE=tree, BLOCK_S=block_s,
                               STORAGE_ORDER=cfg.storage_order)
-                consts["TP"] = window_tile(t)
                 _, spill = resources(compile_sm90(fn, ptrs, consts, cfg.num_warps))
                 name = f"{fam} {mode} {state} at block {cfg.block}, {cfg.num_warps} warps"
                 print(f"{name:<44} {'ok' if spill == 0 else f'{spill} B spilled'}")
