@@ -141,8 +141,8 @@ def _flush(h_c, ckpt_ptr, fold_ptr, ck_off, m_pn, xs, Bs, dt, cum, upto, total,
 def _mamba2_replay_kernel(
     ckpt_ptr, fold_ptr, xbuf_ptr, bbuf_ptr, dtbuf_ptr,
     fill_ptr, origin_ptr, slot_ptr, parent_ptr,
-    x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, A_ptr, D_ptr, dt_bias_ptr, out_ptr,
-    heads_per_group, headdim, dstate, buffer_len, capacity,
+    x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, A_ptr, D_ptr, dt_bias_ptr, out_ptr, proj_ptr,
+    heads_per_group, headdim, dstate, buffer_len, capacity, flush_window,
     s_ck_slot, s_ck_head, s_ck_p,
     s_xb_slot, s_xb_head, s_xb_pos,
     s_bb_slot, s_bb_group, s_bb_pos,
@@ -153,8 +153,8 @@ def _mamba2_replay_kernel(
     s_C_row, s_C_t, s_C_group,
     s_z_row, s_z_t, s_z_head,
     s_o_row, s_o_t, s_o_head,
-    s_A, s_D, s_dtb, s_par_row,
-    T: tl.constexpr, MODE: tl.constexpr, TREE: tl.constexpr,
+    s_A, s_D, s_dtb, s_par_row, s_pr_row, s_pr_t, s_pr_head,
+    T: tl.constexpr, MODE: tl.constexpr, TREE: tl.constexpr, PROJECTED: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
     RECONSTRUCT: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr,
@@ -168,8 +168,8 @@ def _mamba2_replay_kernel(
         return
     fill = tl.load(fill_ptr + slot)
     origin = tl.load(origin_ptr + slot)
-    if MODE == 2:
-        if fill == 0:
+    if MODE == 2:  # the rows whose buffer is not empty and whose flush rule fires
+        if (fill == 0) | (fill + flush_window < buffer_len):
             return
     group = head // heads_per_group
 
@@ -183,8 +183,10 @@ def _mamba2_replay_kernel(
     ck_off = slot * s_ck_slot + head * s_ck_head + offs_p[:, None] * s_ck_p + offs_n[None, :]
     m_pn = mask_p[:, None] & mask_n[None, :]
     # the checkpoint tile's address depends on the slot only: issued first.
-    # A fold copy, if any, is read instead by the rows that fold.
-    h_c = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0)
+    # A fold copy, if any, is read instead by the rows that fold. A
+    # PROJECTED verify reads none: its h_c C_q come from proj_ptr.
+    if not PROJECTED:
+        h_c = tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0)
 
     # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window;
     # entries not in the history are zeroed after the load (storage order
@@ -261,7 +263,8 @@ def _mamba2_replay_kernel(
             # flush of the history (when the window would fill the buffer)
             # comes after them: folding first made Triton move the tile to
             # the dot's layout on every verify step (scripts/kernel_regs.py)
-            h = h_c.to(tl.float32)
+            if not PROJECTED:
+                h = h_c.to(tl.float32)
             for j in tl.static_range(T):
                 q = fill + j
                 C_q = tl.load(C_ptr + row * s_C_row + j * s_C_t + group * s_C_group + offs_n,
@@ -279,20 +282,26 @@ def _mamba2_replay_kernel(
                     y = tl.sum(h_q * C_q[None, :], axis=1)
                 else:
                     cb = tl.sum(Bs * C_q[None, :], axis=1)
-                    y = decay * tl.sum(h * C_q[None, :], axis=1) + \
-                        tl.sum(xs * (w * cb)[:, None], axis=0)
+                    if PROJECTED:
+                        hc = tl.load(proj_ptr + row * s_pr_row + j * s_pr_t + head * s_pr_head
+                                     + offs_p, mask=mask_p, other=0.0)
+                    else:
+                        hc = tl.sum(h * C_q[None, :], axis=1)
+                    y = decay * hc + tl.sum(xs * (w * cb)[:, None], axis=0)
                 x_q = tl.load(x_ptr + row * s_x_row + j * s_x_t + head * s_x_head + offs_p,
                               mask=mask_p, other=0.0).to(tl.float32)
                 _finish_output(y, x_q, D_ptr, head, s_D,
                                z_ptr + row * s_z_row + j * s_z_t + head * s_z_head + offs_p,
                                out_ptr + row * s_o_row + j * s_o_t + head * s_o_head + offs_p,
                                mask_p, HAS_D, HAS_Z)
-            if fill + T >= buffer_len:
-                # the tile folded is read again (L2-hot), not taken from h_c,
-                # for the same reason
-                _flush(tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0), ckpt_ptr, fold_ptr,
-                       ck_off, m_pn, xs, Bs, dt, cum, is_hist, total, HAS_FOLD_COPY,
-                       DOT_PRECISION)
+            # a PROJECTED verify is flushed by a MODE 2 launch after it
+            if not PROJECTED:
+                if fill + T >= buffer_len:
+                    # the tile folded is read again (L2-hot), not taken from h_c,
+                    # for the same reason
+                    _flush(tl.load(ckpt_ptr + ck_off, mask=m_pn, other=0.0), ckpt_ptr, fold_ptr,
+                           ck_off, m_pn, xs, Bs, dt, cum, is_hist, total, HAS_FOLD_COPY,
+                           DOT_PRECISION)
             write = is_win
         else:
             # ---- flush only: fold the whole buffer ----
@@ -756,9 +765,8 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     if route == "auto":
         route = default_route(batch, checkpoint.dtype, mode)
     check(route in ROUTES, f"route must be one of {ROUTES} or 'auto', got {route!r}")
-    check(route not in SPLIT_ROUTES or mode == MODE_DECODE,
-          f"route {route!r} implements decode only; use route 'output_only' or 'reconstruct' "
-          f"(or 'auto') for verify")
+    check(route not in SPLIT_ROUTES or mode != MODE_FLUSH,
+          f"route {route!r} is for decode and verify; flush takes 'output_only'")
 
     if x is not None:
         check(x.dim() == 4 and x.shape[0] == batch and x.shape[2:] == (H, P),
@@ -789,14 +797,47 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     if batch == 0:
         return out
 
-    BLOCK_S = ring_block(buffer_len, T, cap)
-    if route in SPLIT_ROUTES:
+    if route in SPLIT_ROUTES and mode == MODE_DECODE:
+        BLOCK_S = ring_block(buffer_len, T, cap)
         _launch_split(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
                       x[:, 0], dt[:, 0], A, B[:, 0], C[:, 0], D, None if z is None else z[:, 0],
                       dt_bias, dt_softplus, out[:, 0], buffer_len, checkpoint_fold, config,
                       BLOCK_S)
         return out
     cfg = config or default_config(P, N, checkpoint.dtype, batch, mode=mode)
+    if route in SPLIT_ROUTES:
+        # verify: (A) h_c C_q for every draft, a plain streaming read of the
+        # checkpoint; (B) the fused kernel without the checkpoint (outputs and
+        # the window's append); (C) the flush of the rows whose window fills
+        # the buffer, after (A) has read their checkpoint (``config``: (B)'s)
+        proj = project_state(checkpoint, slot_ids, C, heads_per_group=H // G)
+        _fused(MODE_VERIFY, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+               x, dt, A, B, C, D, z, dt_bias, dt_softplus, out, buffer_len, None, "output_only",
+               cfg, parents, proj=proj)
+        _fused(MODE_FLUSH, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids,
+               None, None, A, None, None, None, None, None, True, None, buffer_len,
+               checkpoint_fold, "output_only", cfg, None, flush_window=T)
+        return out
+    _fused(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids, x, dt, A,
+           B, C, D, z, dt_bias, dt_softplus, out, buffer_len, checkpoint_fold, route, cfg,
+           parents)
+    return out
+
+
+def _fused(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids, x, dt, A,
+           B, C, D, z, dt_bias, dt_softplus, out, buffer_len, checkpoint_fold, route, cfg,
+           parents, proj=None, flush_window=None):
+    """One launch of the fused kernel on checked tensors (``_launch``'s shapes,
+    A/D/dt_bias [H]). ``proj`` [b, T, H, P] fp32: a verify's h_c C_q,
+    projected beforehand (no checkpoint read, no flush: the caller flushes
+    after it). ``flush_window``: a flush folds only the rows whose rule
+    fill + flush_window >= buffer_len fires (default: every row with a
+    buffered token)."""
+    num_slots, H, P, N = checkpoint.shape
+    G = B_buffer.shape[1]
+    cap = x_buffer.shape[2]
+    batch = slot_ids.shape[0]
+    T = 0 if x is None else x.shape[1]
     BLOCK_S = ring_block(buffer_len, T, cap, cfg.storage_order)
     BLOCK_N = max(16, triton.next_power_of_2(N))
     dummy = dt_buffer
@@ -807,13 +848,14 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
     zs = z if z is not None else xs
     outs = out if out is not None else xs
     par = parents if parents is not None else slot_ids  # placeholder: read only by a tree
+    pr = proj if proj is not None else dummy  # placeholder: read only when projected
     grid = (triton.cdiv(P, cfg.block), H, batch)
     _mamba2_replay_kernel[grid](
         checkpoint, checkpoint_fold if checkpoint_fold is not None else checkpoint,
         x_buffer, B_buffer, dt_buffer, fill, origin, slot_ids, par,
         xs, dts, Bw, Cw, zs, A, D if D is not None else dummy,
-        dt_bias if dt_bias is not None else dummy, outs,
-        H // G, P, N, buffer_len, cap,
+        dt_bias if dt_bias is not None else dummy, outs, pr,
+        H // G, P, N, buffer_len, cap, buffer_len if flush_window is None else flush_window,
         checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
         x_buffer.stride(0), x_buffer.stride(1), x_buffer.stride(2),
         B_buffer.stride(0), B_buffer.stride(1), B_buffer.stride(2),
@@ -826,7 +868,9 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         outs.stride(0), outs.stride(1), outs.stride(2),
         A.stride(0), D.stride(0) if D is not None else 0,
         dt_bias.stride(0) if dt_bias is not None else 0, par.stride(0),
-        T=T, MODE=mode, TREE=parents is not None, BLOCK_S=BLOCK_S, BLOCK_P=cfg.block,
+        pr.stride(0), pr.stride(1), pr.stride(2),
+        T=T, MODE=mode, TREE=parents is not None, PROJECTED=proj is not None,
+        BLOCK_S=BLOCK_S, BLOCK_P=cfg.block,
         BLOCK_N=BLOCK_N,
         RECONSTRUCT=(route == "reconstruct"), HAS_FOLD_COPY=checkpoint_fold is not None,
         HAS_D=D is not None, HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None,

@@ -85,6 +85,9 @@ def parse(argv=None):
                          "default: comma-separated ROWSxWARPS (e.g. 16x8,64x4); each row "
                          "gains us_<ROWSxWARPS>, its speedup and register spill is the "
                          "launch's own business (scripts/kernel_regs.py)")
+    ap.add_argument("--routes", default="",
+                    help="other routes of our verify, timed beside the default (auto): "
+                         "comma-separated (e.g. split); each row gains us_<route>")
     ap.add_argument("--slots", type=int, default=512)
     ap.add_argument("--rep-ms", type=float, default=40)
     ap.add_argument("--deadline-s", type=float, default=520)
@@ -115,6 +118,9 @@ def parse(argv=None):
             raise SystemExit(f"--configs: {cfg!r} is not ROWSxWARPS (rows a power of 2, "
                              f"warps 1/2/4/8/16)")
         args.config_list.append((cfg, int(rows), int(warps)))
+    # the other arms of ours: (name, route, (rows, warps) or None)
+    args.alt_arms = [(name, "auto", (rows, warps)) for name, rows, warps in args.config_list]
+    args.alt_arms += [(r, r, None) for r in filter(None, args.routes.split(","))]
     # what bench_kernels' families read from their args
     args.u_buffer_dtype = args.k_buffer_dtype = "auto"
     args.gdn_fold_copy = False
@@ -212,13 +218,13 @@ class GDNVerify(_VerifyArms):
                 retrieve_parent_token=parents)
         return step
 
-    def ours_fn(self, state, pool, c, idx, parents, L, out, config=None):
+    def ours_fn(self, state, pool, c, idx, parents, L, out, config=None, route="auto"):
         def step():
             self.fam.m.gdn_replay_verify(
                 state, pool["k_buffer"], pool["u_buffer"], pool["g_buffer"], pool["fill"],
                 pool["origin"], idx, c["mixed_qkv"], c["a"], c["b"], c["A_log"], c["dt_bias"],
                 c["scale"], buffer_len=L, num_k_heads=c["H"], out=out, parents=parents,
-                config=config)
+                config=config, route=route)
         return step
 
     def ours_out(self, c, dtype):
@@ -261,12 +267,13 @@ class Mamba2Verify(_VerifyArms):
                     intermediate_state_indices=snap_idx)
         return step
 
-    def ours_fn(self, state, pool, c, idx, parents, L, out, config=None):
+    def ours_fn(self, state, pool, c, idx, parents, L, out, config=None, route="auto"):
         def step():
             self.fam.m.mamba2_replay_verify(
                 state, pool["x_buffer"], pool["B_buffer"], pool["dt_buffer"], pool["fill"],
                 pool["origin"], idx, c["x"], c["dt"], c["A"], c["B"], c["C"], buffer_len=L,
-                D=c["D"], dt_bias=c["dt_bias"], out=out, parents=parents, config=config)
+                D=c["D"], dt_bias=c["dt_bias"], out=out, parents=parents, config=config,
+                route=route)
         return step
 
     def ours_out(self, c, dtype):
@@ -454,10 +461,10 @@ def main(argv=None):
             us_commit = timer.per_step_us([cmt] * n)
             row.update(us=bk.rnd(max(us_all - us_commit, 0.0) + us_commit / nl, 2),
                        commit_us=bk.rnd(us_commit, 2))
-            for name, rows, warps in args.config_list:
+            for name, route, shape in args.alt_arms:
                 try:
-                    alt = arm.ours_fn(state, pool, c, idx, parents, L, out,
-                                      config=LaunchConfig(rows, warps))
+                    alt = arm.ours_fn(state, pool, c, idx, parents, L, out, route=route,
+                                      config=LaunchConfig(*shape) if shape else None)
                     start()
                     us_alt = timer.per_step_us([lambda alt=alt: (alt(), move(), cmt())] * n)
                     row[f"us_{name}"] = bk.rnd(max(us_alt - us_commit, 0.0) + us_commit / nl, 2)
@@ -490,7 +497,7 @@ def main(argv=None):
                                       if row["stock_us"] and not args.dry_run else None))
             res["rows"].append(row)
             alts = "".join(f", {name} {bk.fmt(row[f'us_{name}'])}"
-                           for name, *_ in args.config_list)
+                           for name, *_ in args.alt_arms)
             print(f"{f} {shape} {sdt} b={b} {kind}:{T} A={A}: ours {bk.fmt(row['us'])} us"
                   f"{alts}, stock {best} {bk.fmt(row['stock_us'])} us, "
                   f"x{bk.fmt(row['speedup'], '.2f')}, parity "
@@ -536,11 +543,11 @@ def write_md_png(res, args):
             f"{bk.fmt(r.get('max_rel_diff_vs_stock_triton'), '.1e')} |")
     lines += ["", "parity: max relative output difference vs the stock triton verify, fp32 "
                   "state, fp32 outputs, empty buffer (same checkpoint)."]
-    if args.config_list:
-        names = [name for name, *_ in args.config_list]
-        lines += ["", "Other launch shapes of our verify (rows x warps, `--configs`), µs "
-                      "per step and layer as above; the default's own shape is the "
-                      "launcher's `default_config`:", "",
+    if args.alt_arms:
+        names = [name for name, *_ in args.alt_arms]
+        lines += ["", "Other arms of our verify, µs per step and layer as above: launch "
+                      "shapes (rows x warps, `--configs`) and routes (`--routes`); the "
+                      "default is route auto at the launcher's `default_config`:", "",
                   "| family | draft | T | batch | default | " + " | ".join(names) + " |",
                   "|" + "---|" * (5 + len(names))]
         for r in order:

@@ -175,13 +175,14 @@ class Pool:
                 self.origin)
 
     def kernel_kwargs(self, mode=MODE_DECODE):
-        # a split (decode-only) pool verifies with the fused kernel, as serving would
+        # a split pool verifies on the split route with its default launch
+        # shapes (the SplitConfig is decode's)
         split = self.cfg.route in m2.SPLIT_ROUTES
-        fused = split and mode != MODE_DECODE
         return dict(buffer_len=self.L, D=self.D, dt_bias=self.dt_bias,
                     dt_softplus=self.softplus, checkpoint_fold=self.checkpoint_fold,
-                    route="output_only" if fused else self.cfg.route,
-                    config=None if fused else self.config, validate=True)
+                    route=self.cfg.route,
+                    config=None if split and mode != MODE_DECODE else self.config,
+                    validate=True)
 
     def run_kernel(self, mode, slots, inp=None, out=None, parents=None):
         """Launch one step's kernel (no commit); returns out [b, T, H, P]."""
@@ -587,6 +588,7 @@ def test_verify_random_acceptance(device, T, L, cfg):
 
 TREE_CASES = [
     (3, 5, Cfg(P=24, config=(BP16, NW2))),
+    (3, 5, Cfg(P=24, state=BF16, fold=True, route="split")),
     (3, 5, Cfg(state=BF16, fold=True, route="reconstruct", config=(SO,))),
 ]
 
@@ -796,18 +798,14 @@ def test_decode_rejects_bad_input(device, name, mutate, match):
         assert bit_equal(getattr(pool, n), t), n
 
 
-def test_split_route_rejects_verify_and_bad_config(device):
-    """route="split" is decode-only: verify names the route in its error; a
-    SplitConfig whose out_heads does not divide the heads per group, or that
-    overlaps (B) with a projection that does not fold, is refused before any
-    launch."""
+def test_split_route_rejects_bad_config(device):
+    """A SplitConfig whose out_heads does not divide the heads per group, or
+    that overlaps (B) with a projection that does not fold, is refused before
+    any launch."""
     pool = Pool(device, Cfg(route="split"), seed=62, S=4, L=4, T=2)
     inp = pool.inputs(2, 2)
     kw = dict(pool.kernel_kwargs(), route="split")
     before = pool.snapshot()
-    with pytest.raises(ValueError, match="route 'split' implements decode only"):
-        mamba2_replay_verify(*pool.pool_args(), pool.slot_tensor([0, 1]), inp["x"], inp["dt"],
-                             pool.A, inp["B"], inp["C"], z=inp["z"], **kw)
     cfg = replace(m2.default_config(pool.P, pool.N, F32, route="split"), out_heads=3)
     sq = {k: None if v is None else v[:, 0] for k, v in inp.items()}
     with pytest.raises(ValueError, match="out_heads=3 must divide"):
