@@ -461,10 +461,10 @@ def main(argv=None):
             us_commit = timer.per_step_us([cmt] * n)
             row.update(us=bk.rnd(max(us_all - us_commit, 0.0) + us_commit / nl, 2),
                        commit_us=bk.rnd(us_commit, 2))
-            for name, route, shape in args.alt_arms:
+            for name, route, launch in args.alt_arms:
                 try:
                     alt = arm.ours_fn(state, pool, c, idx, parents, L, out, route=route,
-                                      config=LaunchConfig(*shape) if shape else None)
+                                      config=LaunchConfig(*launch) if launch else None)
                     start()
                     us_alt = timer.per_step_us([lambda alt=alt: (alt(), move(), cmt())] * n)
                     row[f"us_{name}"] = bk.rnd(max(us_alt - us_commit, 0.0) + us_commit / nl, 2)
