@@ -182,16 +182,16 @@ def _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos, fill, 
 def _gdn_replay_kernel(
     ckpt_ptr, fold_ptr, kbuf_ptr, ubuf_ptr, gbuf_ptr, vbuf_ptr, betabuf_ptr,
     fill_ptr, origin_ptr, slot_ptr, parent_ptr,
-    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, scale,
-    H, HV, K, V, buffer_len, capacity,
+    qkv_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, out_ptr, proj_ptr, scale,
+    H, HV, K, V, buffer_len, capacity, flush_window,
     s_ck_slot, s_ck_head, s_ck_v,
     s_kb_slot, s_kb_head, s_kb_pos,
     s_ub_slot, s_ub_head, s_ub_pos,
     s_gb_slot, s_gb_head,
     s_vb_slot, s_vb_head, s_vb_pos, s_bb_slot, s_bb_head,
     s_qkv_row, s_qkv_t, s_a_row, s_a_t, s_b_row, s_b_t,
-    s_o_row, s_o_t, s_o_head, s_par_row,
-    T: tl.constexpr, MODE: tl.constexpr, TREE: tl.constexpr,
+    s_o_row, s_o_t, s_o_head, s_par_row, s_pr_row, s_pr_t, s_pr_qk, s_pr_head,
+    T: tl.constexpr, MODE: tl.constexpr, TREE: tl.constexpr, PROJECTED: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_FOLD_COPY: tl.constexpr, STORAGE_ORDER: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -215,11 +215,12 @@ def _gdn_replay_kernel(
                          mask=mask_v)
         return
     ck_off = slot * s_ck_slot + hv * s_ck_head + offs_v[:, None] * s_ck_v + offs_k[None, :]
-    h = tl.load(ckpt_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)      # [BV, K]
+    if not PROJECTED:  # a PROJECTED verify takes h_c q_j, h_c k_j from proj_ptr
+        h = tl.load(ckpt_ptr + ck_off, mask=m_vk, other=0.0).to(tl.float32)  # [BV, K]
     fill = tl.load(fill_ptr + slot)
     origin = tl.load(origin_ptr + slot)
-    if MODE == 2:
-        if fill == 0:
+    if MODE == 2:  # the rows whose buffer is not empty and whose flush rule fires
+        if (fill == 0) | (fill + flush_window < buffer_len):
             return
 
     # logical positions: [0, fill) = history in the ring, [fill, fill+T) = window;
@@ -281,9 +282,21 @@ def _gdn_replay_kernel(
             # which the compiler may share), not picked out of the ring tile:
             # h_c k_j then waits for the checkpoint read only, not for the
             # cursor -> ring loads as well
-            k_j = _head_vector(key_ptr + j * s_qkv_t + offs_k, mask_k, USE_QK_L2NORM)
-            q_j = _head_vector(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
-                               mask_k, USE_QK_L2NORM) * scale
+            if PROJECTED:  # (A) projected the raw q_j, k_j: divide the norms out
+                q_j, k_j, n_q, n_k = _token_qk(
+                    tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
+                            mask=mask_k, other=0.0),
+                    tl.load(key_ptr + j * s_qkv_t + offs_k, mask=mask_k, other=0.0),
+                    scale, USE_QK_L2NORM)
+                pr = proj_ptr + row * s_pr_row + j * s_pr_t + hv * s_pr_head + offs_v
+                hq_c = tl.load(pr, mask=mask_v, other=0.0) / n_q * scale
+                hk_c = tl.load(pr + s_pr_qk, mask=mask_v, other=0.0) / n_k
+            else:
+                k_j = _head_vector(key_ptr + j * s_qkv_t + offs_k, mask_k, USE_QK_L2NORM)
+                q_j = _head_vector(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
+                                   mask_k, USE_QK_L2NORM) * scale
+                hq_c = tl.sum(h * q_j[None, :], axis=1)
+                hk_c = tl.sum(h * k_j[None, :], axis=1)
             v_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + 2 * H * K + hv * V + offs_v,
                           mask=mask_v, other=0.0).to(tl.float32)
             b_j = tl.load(b_ptr + row * s_b_row + j * s_b_t + hv)
@@ -297,10 +310,9 @@ def _gdn_replay_kernel(
             kk = tl.sum(ks * k_j[None, :], axis=1)                              # k_s . k_j
             kq = tl.sum(ks * q_j[None, :], axis=1)                              # k_s . q_j
             # u_j = beta (v_j - (decayed state before j) k_j)
-            hk_j = decay * tl.sum(h * k_j[None, :], axis=1) + tl.sum(us * (w * kk)[:, None], axis=0)
+            hk_j = decay * hk_c + tl.sum(us * (w * kk)[:, None], axis=0)
             u_j = beta * (v_j - hk_j)
-            o_j = decay * tl.sum(h * q_j[None, :], axis=1) + tl.sum(us * (w * kq)[:, None], axis=0) \
-                + tl.sum(k_j * q_j) * u_j
+            o_j = decay * hq_c + tl.sum(us * (w * kq)[:, None], axis=0) + tl.sum(k_j * q_j) * u_j
             us = tl.where((pos == q_pos)[:, None], u_j[None, :], us)
             if HAS_FOLD_COPY:
                 vwin = tl.where((pos == q_pos)[:, None], v_j[None, :], vwin)
@@ -311,24 +323,25 @@ def _gdn_replay_kernel(
             r_j = ring_index(origin, fill + j, capacity)
             tl.store(kbuf_ptr + slot * s_kb_slot + hk * s_kb_head + r_j * s_kb_pos + offs_k,
                      k_j.to(kbuf_ptr.dtype.element_ty), mask=mask_k & k_writer & (j < n_write))
-        if flush:
-            # decode folds history + this token; verify the committed history
-            # (the window's u do not depend on which checkpoint they were
-            # computed from: they are the recurrence's corrected values). The
-            # keys are read again (L2 hits), not kept alive from the step.
-            if MODE == 0:
-                fold_keys = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t,
-                                       pos, fill, offs_k, mask_k, 1, USE_QK_L2NORM)
-                last = fill
-                folded_win = is_win
-            else:
-                fold_keys = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t,
-                                       pos, fill, offs_k, mask_k, 0, USE_QK_L2NORM)
-                last = fill - 1
-                folded_win = no_win
-            _flush(us, fold_keys, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
-                   ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin,
-                   folded_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
+        if not PROJECTED:  # a PROJECTED verify is flushed by a MODE 2 launch after it
+            if flush:
+                # decode folds history + this token; verify the committed history
+                # (the window's u do not depend on which checkpoint they were
+                # computed from: they are the recurrence's corrected values). The
+                # keys are read again (L2 hits), not kept alive from the step.
+                if MODE == 0:
+                    fold_keys = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t,
+                                           pos, fill, offs_k, mask_k, 1, USE_QK_L2NORM)
+                    last = fill
+                    folded_win = is_win
+                else:
+                    fold_keys = _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t,
+                                           pos, fill, offs_k, mask_k, 0, USE_QK_L2NORM)
+                    last = fill - 1
+                    folded_win = no_win
+                _flush(us, fold_keys, cum, pos, last, ckpt_ptr, fold_ptr, vbuf_ptr, betabuf_ptr,
+                       ck_off, m_vk, vb_off, bb_off, ring_ok, is_hist, mask_v, vwin, bwin,
+                       folded_win, HAS_FOLD_COPY, BLOCK_S, DOT_PRECISION)
         # append the window: u by every V slice, g by the first V slice of each
         # v-head (k went in above, token by token)
         write = is_win & (win < n_write)
@@ -814,9 +827,8 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     if route == "auto":
         route = default_route(batch, checkpoint.dtype, mode)
     check(route in ROUTES, f"route must be one of {ROUTES} or 'auto', got {route!r}")
-    check(route not in SPLIT_ROUTES or mode == MODE_DECODE,
-          f"route {route!r} implements decode only; use route 'output_only' (or 'auto') for "
-          f"{'verify' if mode == MODE_VERIFY else 'flush'}")
+    check(route not in SPLIT_ROUTES or mode != MODE_FLUSH,
+          f"route {route!r} is for decode and verify; flush takes 'output_only'")
 
     if mixed_qkv is not None:
         dim = 2 * H * K + HV * V
@@ -840,7 +852,7 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     if validate:
         check_live_cursors(fill, slot_ids, num_slots, buffer_len)
     BLOCK_S = ring_block(buffer_len, T, cap)
-    if route in SPLIT_ROUTES:
+    if route in SPLIT_ROUTES and mode == MODE_DECODE:
         # config first: a bad one is refused before any launch
         if config is None:
             config = default_config(V, K, checkpoint.dtype, batch, route=route,
@@ -860,8 +872,41 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         return out
     if batch == 0:
         return out
-
     cfg = config or default_config(V, K, checkpoint.dtype, batch, mode=mode)
+    args = (checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids)
+    if route in SPLIT_ROUTES:
+        # verify: (A) h_c q_j and h_c k_j of every draft (raw; (B) divides the
+        # norms out), a plain streaming read of the checkpoint; (B) the fused
+        # kernel without the checkpoint (outputs, corrected values, the
+        # window's append); (C) the flush of the rows whose window fills the
+        # buffer, after (A) has read their checkpoint (``config``: (B)'s)
+        qk = mixed_qkv[:, :, :2 * H * K].unflatten(-1, (2, H, K))
+        proj = project_state(checkpoint, slot_ids, qk, heads_per_group=HV // H)
+        _fused(MODE_VERIFY, *args, mixed_qkv, a, b, A_log, dt_bias, scale, out, buffer_len, H,
+               use_qk_l2norm, cfg, checkpoint_fold, v_buffer, beta_buffer, parents, proj=proj)
+        _fused(MODE_FLUSH, *args, None, None, None, A_log, dt_bias, scale, None, buffer_len, H,
+               use_qk_l2norm, cfg, checkpoint_fold, v_buffer, beta_buffer, None,
+               flush_window=T)
+        return out
+    _fused(mode, *args, mixed_qkv, a, b, A_log, dt_bias, scale, out, buffer_len, H,
+           use_qk_l2norm, cfg, checkpoint_fold, v_buffer, beta_buffer, parents)
+    return out
+
+
+def _fused(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_ids, mixed_qkv,
+           a, b, A_log, dt_bias, scale, out, buffer_len, H, use_qk_l2norm, cfg,
+           checkpoint_fold, v_buffer, beta_buffer, parents, proj=None, flush_window=None):
+    """One launch of the fused kernel on checked tensors (``_launch``'s).
+    ``proj`` [b, T, 2, HV, V] fp32: a verify's h_c q_raw and h_c k_raw per
+    draft, projected beforehand (no checkpoint read, no flush: the caller
+    flushes after it). ``flush_window``: a flush folds only the rows whose
+    rule fill + flush_window >= buffer_len fires (default: every row with a
+    buffered token)."""
+    num_slots, HV, V, K = checkpoint.shape
+    cap = u_buffer.shape[2]
+    batch = slot_ids.shape[0]
+    T = 0 if mixed_qkv is None else mixed_qkv.shape[1]
+    has_fold = checkpoint_fold is not None
     BLOCK_S = ring_block(buffer_len, T, cap, cfg.storage_order)
     BLOCK_K = max(16, triton.next_power_of_2(K))
     qkv = mixed_qkv if mixed_qkv is not None else g_buffer.new_empty(batch, 1, 1)
@@ -871,13 +916,14 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
     vb = v_buffer if has_fold else u_buffer  # placeholders: not read without a fold copy
     bb = beta_buffer if has_fold else g_buffer
     par = parents if parents is not None else slot_ids  # placeholder: read only by a tree
+    pr = proj if proj is not None else o  # placeholder: read only when projected
     grid = (triton.cdiv(V, cfg.block), HV, batch)
     _gdn_replay_kernel[grid](
         checkpoint, checkpoint_fold if has_fold else checkpoint, k_buffer, u_buffer, g_buffer,
         vb, bb, fill, origin, slot_ids, par,
         qkv, a_, b_, A_log if A_log is not None else g_buffer,
-        dt_bias if dt_bias is not None else g_buffer, o, float(scale),
-        H, HV, K, V, buffer_len, cap,
+        dt_bias if dt_bias is not None else g_buffer, o, pr, float(scale),
+        H, HV, K, V, buffer_len, cap, buffer_len if flush_window is None else flush_window,
         checkpoint.stride(0), checkpoint.stride(1), checkpoint.stride(2),
         k_buffer.stride(0), k_buffer.stride(1), k_buffer.stride(2),
         u_buffer.stride(0), u_buffer.stride(1), u_buffer.stride(2),
@@ -885,7 +931,9 @@ def _launch(mode, checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, slot_i
         vb.stride(0), vb.stride(1), vb.stride(2), bb.stride(0), bb.stride(1),
         qkv.stride(0), qkv.stride(1), a_.stride(0), a_.stride(1), b_.stride(0), b_.stride(1),
         o.stride(0), o.stride(1), o.stride(2), par.stride(0),
-        T=T, MODE=mode, TREE=parents is not None, BLOCK_S=BLOCK_S, BLOCK_V=cfg.block,
+        pr.stride(0), pr.stride(1), pr.stride(2), pr.stride(3),
+        T=T, MODE=mode, TREE=parents is not None, PROJECTED=proj is not None,
+        BLOCK_S=BLOCK_S, BLOCK_V=cfg.block,
         BLOCK_K=BLOCK_K,
         USE_QK_L2NORM=use_qk_l2norm, HAS_FOLD_COPY=has_fold, STORAGE_ORDER=cfg.storage_order,
         DOT_PRECISION=dot_precision(), num_warps=cfg.num_warps,
@@ -1068,8 +1116,11 @@ def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
     ``cursors.accept_path`` moves the accepted drafts' entries to the first
     window positions (every ring of every layer); then, chain or tree,
     ``commit(mode=MODE_VERIFY, ...)``.
-    The split route is decode-only: ``route="split"`` raises ValueError (a
-    pool decoded on the split route verifies with the fused kernel).
+    route: "output_only" (one fused launch) or "split": (A)
+    :func:`~sglang_replayssm.kernels.projection.project_state` of every
+    draft's raw q and k (fp32 scratch [b, T, 2, HV, V]), (B) the fused kernel
+    without the checkpoint, (C) a flush launch for the rows the window fills
+    (``config``: (B)'s LaunchConfig); "auto" is "output_only".
     """
     if mixed_qkv.dim() != 3:
         raise ValueError(f"verify expects mixed_qkv [batch, T, dim], got {tuple(mixed_qkv.shape)}")

@@ -780,7 +780,8 @@ def _launch(mode, checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin, slot_
         check(dt.dim() == 3 and tuple(dt.shape) == (batch, T, H),
                f"dt must be [batch, T, H] (per-head), got {tuple(dt.shape)}")
         if z is not None:
-            check(z.shape == x.shape and z.stride(-1) == 1, "z must have the shape of x, contiguous")
+            check(z.shape == x.shape and z.stride(-1) == 1,
+                  "z must have the shape of x, contiguous")
         if out is None:
             out = torch.empty_like(x)
         check(out.shape == x.shape and out.stride(-1) == 1, "out must have the shape of x")
@@ -1058,7 +1059,11 @@ def mamba2_replay_verify(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin
     Afterwards, for a tree, ``cursors.accept_path`` (every ring, every
     layer); then ``cursors.commit(mode=MODE_VERIFY, accepted=...)``.
     Needs ``T < buffer_len`` and ``capacity >= buffer_len - 1 + T``.
-    The split route is decode-only: ``route="split"`` raises ValueError.
+    route: "output_only" / "reconstruct" (one fused launch) or "split": (A)
+    :func:`~sglang_replayssm.kernels.projection.project_state` of every
+    draft's C (fp32 scratch [b, T, H, P]), (B) the fused kernel without the
+    checkpoint, (C) a flush launch for the rows the window fills (``config``:
+    (B)'s LaunchConfig); "auto" is "output_only".
     """
     if x.dim() != 4:
         raise ValueError(f"verify expects x [batch, T, H, P], got {tuple(x.shape)}")

@@ -262,7 +262,8 @@ def gdn_split():
 GDN_FUSED_PTRS = {"gbuf_ptr": "*fp32", "vbuf_ptr": "*bf16", "betabuf_ptr": "*fp32",
                   "fill_ptr": "*i32", "origin_ptr": "*i32", "slot_ptr": "*i32",
                   "qkv_ptr": "*bf16", "a_ptr": "*bf16", "b_ptr": "*bf16", "A_log_ptr": "*fp32",
-                  "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "parent_ptr": "*i32"}
+                  "dt_bias_ptr": "*bf16", "out_ptr": "*bf16", "parent_ptr": "*i32",
+                  "proj_ptr": "*fp32"}
 # state: (checkpoint / u ring, fold copy, k ring, has a fold copy)
 GDN_STATES = {"fp32": ("*fp32", "*fp32", "*fp32", False), "bf16": ("*bf16", "*bf16", "*bf16", False),
               "bf16+fp32 copy": ("*bf16", "*fp32", "*fp32", True)}
@@ -276,8 +277,8 @@ def gdn_fused_case(state, mode, block=32):
     m, t, block_s, tree = FUSED_MODES[mode]
     return (gdn._gdn_replay_kernel,
             dict(GDN_FUSED_PTRS, ckpt_ptr=ck, fold_ptr=fold, kbuf_ptr=kring, ubuf_ptr=ck),
-            {"T": t, "MODE": m, "TREE": tree, "BLOCK_S": block_s, "BLOCK_V": block,
-             "BLOCK_K": 128,
+            {"T": t, "MODE": m, "TREE": tree, "PROJECTED": False, "BLOCK_S": block_s,
+             "BLOCK_V": block, "BLOCK_K": 128,
              "USE_QK_L2NORM": True, "HAS_FOLD_COPY": has_fold, "STORAGE_ORDER": False,
              "DOT_PRECISION": "tf32x3"})
 
@@ -285,7 +286,8 @@ def gdn_fused_case(state, mode, block=32):
 def mamba2_fused_case(state, mode, reconstruct=False, block=32):
     m, t, block_s, tree = FUSED_MODES[mode]
     return (m2._mamba2_replay_kernel, dict(MAMBA2_PTRS, ckpt_ptr=f"*{state}", fold_ptr=f"*{state}"),
-            {"T": t, "MODE": m, "TREE": tree, "BLOCK_S": block_s, "BLOCK_P": block, "BLOCK_N": N,
+            {"T": t, "MODE": m, "TREE": tree, "PROJECTED": False, "BLOCK_S": block_s,
+             "BLOCK_P": block, "BLOCK_N": N,
              "RECONSTRUCT": reconstruct, "HAS_FOLD_COPY": False, "HAS_D": True, "HAS_Z": False,
              "HAS_DT_BIAS": True, "DT_SOFTPLUS": True, "STORAGE_ORDER": True,
              "DOT_PRECISION": "tf32x3"})

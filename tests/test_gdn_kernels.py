@@ -122,6 +122,12 @@ class Pool:
         return {} if self.fold is None else dict(checkpoint_fold=self.fold, v_buffer=self.vb,
                                                  beta_buffer=self.bb)
 
+    def verify_kw(self):
+        """A verify on the pool's route: a split pool verifies on the split
+        route at its default launch shapes (the SplitConfig is decode's)."""
+        split = self.route == "split"
+        return dict(route=self.route, config=None if split else self.config)
+
     def decode(self, slots, qkv, a, b, **kw):
         return gdn_replay_decode(*self.pool_args(), slots, qkv, a, b, self.A_log, self.dt_bias,
                                  self.scale, buffer_len=self.L, num_k_heads=self.H,
@@ -216,10 +222,11 @@ def test_bf16_state_and_rings(device, state, ring, route):
     assert decode_steps(pool, torch.tensor([1, 4], dtype=torch.int32, device=device), 9) >= 4
 
 
-@pytest.mark.parametrize("route", ["fused", "fused_storage"])
+@pytest.mark.parametrize("route", ["fused", "fused_storage", "split"])
 def test_verify_random_acceptance(device, route):
-    """Verify (the fused kernel, in the route's ring order) with random
-    acceptance over 40 steps, then decode and a flush-only pass."""
+    """Verify (the fused kernel in the route's ring order, or the split
+    route) with random acceptance over 40 steps, then decode and a flush-only
+    pass."""
     T, L = 2, 5
     pool = Pool(device, ratio=2, L=L, T=T, seed=7, route=route)
     slots = torch.tensor([4, -1, 1], dtype=torch.int32, device=device)
@@ -230,7 +237,7 @@ def test_verify_random_acceptance(device, route):
         fill0 = pool.fill.cpu().clone()
         y = gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
                               pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True,
-                              config=pool.config)
+                              **pool.verify_kw())
         acc = torch.randint(1, T + 1, (3,), generator=gen, dtype=torch.int32)
         for r, s in enumerate(slots.tolist()):
             if s < 0:
@@ -246,14 +253,15 @@ def test_verify_random_acceptance(device, route):
     # decode after verify on the same pool, then a flush-only pass
     decode_steps(pool, slots, 5)
     gdn_replay_flush(*pool.pool_args(), slots, buffer_len=L, num_k_heads=pool.H,
-                     config=pool.config)
+                     config=None if pool.route == "split" else pool.config)
     commit(pool.fill, pool.origin, slots, mode=MODE_FLUSH, buffer_len=L, capacity=pool.cap)
     for s in (4, 1):
         assert int(pool.fill[s]) == 0 and pool.rel(pool.ckpt[s], pool.ref[s]) < pool.tol
 
 
-@pytest.mark.parametrize("route,fold", [("fused_storage", False), ("fused", True)],
-                         ids=["fused_storage", "fused-fold-copy"])
+@pytest.mark.parametrize("route,fold", [("fused_storage", False), ("fused", True),
+                                        ("split", True)],
+                         ids=["fused_storage", "fused-fold-copy", "split-fold-copy"])
 def test_tree_verify_random_trees_and_paths(device, route, fold):
     """Tree verify: random draft trees (several roots at times), every
     draft's output against the float64 recurrence along its own path, then a
@@ -274,7 +282,7 @@ def test_tree_verify_random_trees_and_paths(device, route, fold):
         fill0 = pool.fill.cpu().clone()
         y = gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
                               pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True,
-                              config=pool.config, parents=parents.to(device), **pool.fold_kw())
+                              parents=parents.to(device), **pool.verify_kw(), **pool.fold_kw())
         path, acc = random_paths(gen, trees, T)
         for r, s in enumerate(slots.tolist()):
             if s < 0:
@@ -342,7 +350,8 @@ def test_decode_after_verify_wrapped_ring(device, route):
     for _ in range(3):  # fills 0 -> 2 -> 4 -> flush: fill 2, origin 4
         qkv, a, b = pool.inputs(2, T)
         gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
-                          pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True)
+                          pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True,
+                          **pool.verify_kw())
         for r, s in enumerate(slots.tolist()):
             for j in range(T):  # all drafts accepted: the twin steps through them all
                 _, pool.ref[s] = pool.eager(s, qkv[r, j], a[r, j], b[r, j])
@@ -647,8 +656,8 @@ def test_bad_input_is_rejected(device):
                         torch.tensor([[0, 1]], **i32), torch.tensor([2], **i32), **ok)
 
 
-def test_split_route_rejects_verify_flush_and_bad_config(device):
-    """route="split" is decode-only: verify and flush name the route in their
+def test_split_route_rejects_flush_and_bad_config(device):
+    """route="split" is for decode and verify: flush names the route in its
     error; a SplitConfig whose out_heads does not divide the v-heads per
     k-head, or an unknown route, is refused before any launch."""
     pool = Pool(device, L=4, T=2, ratio=2)
@@ -656,10 +665,7 @@ def test_split_route_rejects_verify_flush_and_bad_config(device):
     kw = dict(buffer_len=4, num_k_heads=pool.H)
     qkv, a, b = pool.inputs(2, 2)
     before = [t.clone() for t in pool.pool_args()]
-    with pytest.raises(ValueError, match="route 'split' implements decode only.*verify"):
-        gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
-                          pool.scale, route="split", **kw)
-    with pytest.raises(ValueError, match="route 'split' implements decode only.*flush"):
+    with pytest.raises(ValueError, match="route 'split' is for decode and verify"):
         gdn_replay_flush(*pool.pool_args(), slots, route="split", **kw)
     qkv, a, b = pool.inputs(2)
     pool.route, pool.config = "split", split(out_heads=3)

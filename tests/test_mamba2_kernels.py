@@ -552,6 +552,26 @@ def test_projection_kernel(device, state_dtype, V, hpg):
     assert project_state(state, slots, vec[:, 0]).shape == (4, H, R)
 
 
+def test_projection_kernel_window_of_vector_pairs(device):
+    """project_state with two window dims, as a GDN verify calls it: vec
+    [b, T, 2, G, K] a view into packed rows (q and k of each draft side by
+    side, the row wider than both), out [b, T, 2, H, R]."""
+    from sglang_replayssm.kernels.projection import project_state
+    gen = torch.Generator().manual_seed(85)
+    S, H, R, K, T, hpg = 4, 4, 24, 20, 3, 2
+    G = H // hpg
+    state = torch.randn(S, H, R, K, generator=gen).to(device)
+    slots = torch.tensor([2, -1, 0], dtype=torch.int32, device=device)
+    packed = torch.randn(3, T, 2 * G * K + 7, generator=gen).to(BF16).to(device)
+    vec = packed[:, :, :2 * G * K].unflatten(-1, (2, G, K))
+    out = project_state(state, slots, vec, heads_per_group=hpg)
+    assert out.shape == (3, T, 2, H, R)
+    live = slots >= 0
+    h = state[slots[live].long()].double()
+    v = vec[live].double().repeat_interleave(hpg, dim=3)              # [nl, T, 2, H, K]
+    assert rel_err(out[live], torch.einsum("bhrk,btjhk->btjhr", h, v)) <= 1e-6
+
+
 # --------------------------------------------------------------------------
 # verify (chain speculative decoding)
 # --------------------------------------------------------------------------
