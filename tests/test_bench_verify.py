@@ -46,9 +46,11 @@ def test_trees_and_paths():
 def test_dry_run_runs_every_arm_of_ours(tmp_path):
     """Both families' verify, accept_path and commit through the script (a
     tree exercises all a chain does, plus accept_path), over a two-step cycle
-    whose second step flushes."""
+    whose second step flushes; another launch shape and the split route
+    beside the default."""
     assert bv.main(["--dry-run", "--out-dir", str(tmp_path), "--batches", "2",
-                    "--drafts", "tree:4", "--buffer-len", "8", "--configs", "16x2"]) == 0
+                    "--drafts", "tree:4", "--buffer-len", "8", "--configs", "16x2",
+                    "--routes", "split"]) == 0
     res = json.loads((tmp_path / "kernels_verify.json").read_text())
     assert res["errors"] == []
     rows = {(r["family"], r["draft"]): r for r in res["rows"]}
@@ -56,8 +58,9 @@ def test_dry_run_runs_every_arm_of_ours(tmp_path):
     assert rows["gdn", "tree"]["parents"] == [-1, 0, 0, 1]
     assert rows["gdn", "tree"]["accepted_path"] == [0, 1]
     assert rows["mamba2", "tree"]["cycle_steps"] == bv.cycle_steps(8, 4, 2) == 2
-    assert all("us_16x2" in r for r in rows.values())  # --configs: timed beside the default
-    assert "| 16x2 |" in (tmp_path / "kernels_verify.md").read_text()
+    # --configs and --routes: timed beside the default
+    assert all("us_16x2" in r and "us_split" in r for r in rows.values())
+    assert "| 16x2 | split |" in (tmp_path / "kernels_verify.md").read_text()
 
 
 @pytest.mark.parametrize("bad", ["16", "24x4", "16x3", "ax4"])
