@@ -11,8 +11,9 @@ if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 # one worker per core (pytest-xdist, from setup_test_env.sh): the interpreted
 # kernels are CPU bound, and 2 workers took the suite from ~24 to ~18 min on
-# 2 cores (~13.5 min since tests/conftest.py patches the interpreter's
-# language once per launch). PYTEST_WORKERS=0 runs it in one process.
+# 2 cores (~6.5 min since tests/conftest.py patches the interpreter's
+# language once per launch: 393 s at f6d8832). PYTEST_WORKERS=0 runs it in
+# one process.
 WORKERS=()
 if "$PY" -c 'import xdist' 2>/dev/null; then
   WORKERS=(-n "${PYTEST_WORKERS:-auto}")
