@@ -1,4 +1,4 @@
-"""Gated DeltaNet ReplaySSM kernels: decode, chain verify and flush in one Triton kernel.
+"""Gated DeltaNet ReplaySSM kernels: decode, verify (a chain or a tree of drafts) and flush.
 
 Per request slot and layer the pool holds a checkpoint ``h_c`` in SGLang's
 layout [HV, V, K] (the transposed state: ``h_c[v, :] . k`` is a V-row times
@@ -59,6 +59,14 @@ checkpoint once. With ``SplitConfig.outputs_in_projection`` as well (not
 the default: measured slower for GDN, see ``default_config``) there is no
 (B) either: ``_gdn_ring_weights_kernel`` (W) runs first, one program per
 (row, k-head), and (A) finishes o_t and u_t from its weights.
+
+Verify has a split route too (``route="split"``, not the default: untimed):
+(A) :func:`~sglang_replayssm.kernels.projection.project_state` of every
+draft's raw q and k (a [b, T, 2, H, K] view of mixed_qkv), a plain
+streaming read of the checkpoint; (B) the fused kernel with ``PROJECTED``,
+which divides the norms out of those projections instead of reading a state
+tile, and flushes nothing; (C) the fused kernel's flush mode for the rows
+the window fills (rule fill + T >= buffer_len), after (A) has read them.
 """
 from __future__ import annotations
 
@@ -79,7 +87,7 @@ __all__ = ["gdn_replay_decode", "gdn_replay_verify", "gdn_replay_flush", "ROUTES
            "SPLIT_ROUTES", "SplitConfig", "default_config", "default_route"]
 
 # "output_only": the fused kernel (one launch: checkpoint read, outputs, ring
-# append, fold on the flush step); "split": three launches, decode only
+# append, fold on the flush step); "split": three launches, decode and verify
 ROUTES = ("output_only", "split")
 SPLIT_ROUTES = ("split",)
 # "auto" takes the split route from this decode batch on (see default_route)
@@ -176,6 +184,13 @@ def _ring_keys(kbuf_ptr, kb_off, ring_ok, is_hist, key_ptr, s_qkv_t, pos, fill, 
         k_j = _head_vector(key_ptr + j * s_qkv_t + offs_k, mask_k, USE_QK_L2NORM)
         ks = tl.where((pos == fill + j)[:, None], k_j[None, :], ks)
     return ks
+
+
+@triton.jit
+def _beta(b):
+    """beta = sigmoid(b), computed in fp32 and rounded to b's dtype (as the stock
+    kernel), returned in fp32."""
+    return tl.sigmoid(b.to(tl.float32)).to(b.dtype).to(tl.float32)
 
 
 @triton.jit
@@ -278,10 +293,6 @@ def _gdn_replay_kernel(
         for j in tl.static_range(T):
             q_pos = fill + j
             cum_q = tl.sum(tl.where(pos == q_pos, cum, 0.0), axis=0)
-            # the key from its input again (the same load and norm as above,
-            # which the compiler may share), not picked out of the ring tile:
-            # h_c k_j then waits for the checkpoint read only, not for the
-            # cursor -> ring loads as well
             if PROJECTED:  # (A) projected the raw q_j, k_j: divide the norms out
                 q_j, k_j, n_q, n_k = _token_qk(
                     tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
@@ -292,6 +303,10 @@ def _gdn_replay_kernel(
                 hq_c = tl.load(pr, mask=mask_v, other=0.0) / n_q * scale
                 hk_c = tl.load(pr + s_pr_qk, mask=mask_v, other=0.0) / n_k
             else:
+                # the key from its input again (the same load and norm as
+                # above, which the compiler may share), not picked out of the
+                # ring tile: h_c k_j then waits for the checkpoint read only,
+                # not for the cursor -> ring loads as well
                 k_j = _head_vector(key_ptr + j * s_qkv_t + offs_k, mask_k, USE_QK_L2NORM)
                 q_j = _head_vector(qkv_ptr + row * s_qkv_row + j * s_qkv_t + hk * K + offs_k,
                                    mask_k, USE_QK_L2NORM) * scale
@@ -299,8 +314,7 @@ def _gdn_replay_kernel(
                 hk_c = tl.sum(h * k_j[None, :], axis=1)
             v_j = tl.load(qkv_ptr + row * s_qkv_row + j * s_qkv_t + 2 * H * K + hv * V + offs_v,
                           mask=mask_v, other=0.0).to(tl.float32)
-            b_j = tl.load(b_ptr + row * s_b_row + j * s_b_t + hv)
-            beta = tl.sigmoid(b_j.to(tl.float32)).to(b_j.dtype).to(tl.float32)
+            beta = _beta(tl.load(b_ptr + row * s_b_row + j * s_b_t + hv))
             decay = tl.exp(cum_q)
             if TREE:  # the history and the draft's ancestors
                 sees = on_path(path, pos, q_pos, is_hist, is_win, win) & (pos != q_pos)
@@ -362,8 +376,7 @@ def _token_gates(a_t, b_t, A_log, dt_bias):
     """This token's log decay g = -exp(A_log) softplus(a + dt_bias) and
     beta = sigmoid(b), rounded to b's dtype (as the stock kernel)."""
     g_t = -tl.exp(A_log.to(tl.float32)) * softplus(a_t.to(tl.float32) + dt_bias.to(tl.float32))
-    beta = tl.sigmoid(b_t.to(tl.float32)).to(b_t.dtype).to(tl.float32)
-    return g_t, beta
+    return g_t, _beta(b_t)
 
 
 @triton.jit
@@ -770,7 +783,8 @@ def default_route(batch: int, state_dtype: torch.dtype, mode: int = MODE_DECODE)
     (kernels_gdn_fold.md) 7.8 vs 11.5, 25.9 vs 22.1, 137.3 vs 73.9, 491.9 vs 237.6).
     The split route's three launches cost ~5 us more than one fused launch at
     batch 1 and win from batch 8 on, once the checkpoint read dominates.
-    Verify and flush exist only in the fused kernel."""
+    Verify keeps the fused kernel: its split route is not timed yet
+    (benchmarks/NOTES.md, 2026-12-07 eighteenth); flush has only the fused kernel."""
     if mode != MODE_DECODE or batch < SPLIT_MIN_BATCH:
         return "output_only"
     return "split"

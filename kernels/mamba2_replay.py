@@ -55,6 +55,13 @@ The checkpoint and the ring end each step exactly as with the fused kernel
 (up to fp32 rounding), except that a decode flush leaves its token in a ring
 entry past the (then empty) buffer; ``cursors.commit`` is unchanged.
 
+Verify has a split route too (``route="split"``, not the default: untimed):
+(A) :func:`~sglang_replayssm.kernels.projection.project_state` of every
+draft's C, a plain streaming read of the checkpoint; (B) the fused
+kernel with ``PROJECTED``, which reads those projections instead of a state
+tile and flushes nothing; (C) the fused kernel's flush mode for the rows the
+window fills (rule fill + T >= buffer_len), after (A) has read them.
+
 The float64 oracles are in :mod:`sglang_replayssm.reference`.
 """
 from __future__ import annotations
@@ -79,7 +86,7 @@ __all__ = ["mamba2_replay_decode", "mamba2_replay_verify", "mamba2_replay_flush"
            "ROUTES", "SPLIT_ROUTES", "SplitConfig", "default_config", "default_route"]
 
 ROUTES = ("output_only", "reconstruct", "split")
-# routes of three launches (projection, outputs, fold): MODE_DECODE only
+# routes of three launches (projection, outputs, fold): decode and verify
 SPLIT_ROUTES = ("split",)
 # "auto" takes the split route from this decode batch on (see default_route)
 SPLIT_MIN_BATCH = 2
@@ -713,7 +720,8 @@ def default_route(batch: int, state_dtype: torch.dtype, mode: int = MODE_DECODE)
     (2026-12-06, benchmarks/results/kernels_mamba2_h100.md, same order): fp32
     10.0 vs 7.2 at 2, 15.6 vs 11.9 at 4; bf16 8.8 vs 6.7, 12.7 vs 8.8; batch
     1 there 6.0 vs 5.7 (fp32), 5.0 vs 5.0 (bf16), not moved without an H200
-    run. Verify and flush exist only in the fused kernel."""
+    run. Verify keeps the fused kernel: its split route is not timed yet
+    (benchmarks/NOTES.md, 2026-12-07 eighteenth); flush has only the fused kernel."""
     if mode != MODE_DECODE or batch < SPLIT_MIN_BATCH:
         return "output_only"
     return "split"
