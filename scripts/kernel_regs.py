@@ -344,11 +344,13 @@ def check() -> int:
 
 def spilling_defaults() -> int:
     """How many fused verify / flush-only launches at the launchers' default
-    config for a serving batch (256) spill registers on sm_90 (printed).
-    Until 2026-12-04 they took decode's 64 rows / 2 warps there: verify T=4
-    spilled 1.7-2.9 KB a thread."""
+    config for a serving batch (256) spill registers on sm_90 (printed); the
+    verify modes also as the split verify route's (B) (``PROJECTED``, no
+    state tile). Until 2026-12-04 they took decode's 64 rows / 2 warps there:
+    verify T=4 spilled 1.7-2.9 KB a thread."""
     modes = {"verify T=4": FUSED_MODES["verify T=4"],
              "verify tree T=4": FUSED_MODES["verify tree T=4"], "flush": (MODE_FLUSH, 0, L, False)}
+    modes.update({f"{k} (B)": v for k, v in modes.items() if k != "flush"})
     bad = 0
     for state, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         for mode, (m, t, block_s, tree) in modes.items():
@@ -360,7 +362,7 @@ def spilling_defaults() -> int:
                     cfg = m2.default_config(P, N, dtype, 256, mode=m)
                     fn, ptrs, consts = mamba2_fused_case(state, "decode", block=cfg.block)
                 consts = dict(consts, MODE=m, T=t, TREE=tree, BLOCK_S=block_s,
-                              STORAGE_ORDER=cfg.storage_order)
+                              STORAGE_ORDER=cfg.storage_order, PROJECTED=mode.endswith("(B)"))
                 _, spill = resources(compile_sm90(fn, ptrs, consts, cfg.num_warps))
                 name = f"{fam} {mode} {state} at block {cfg.block}, {cfg.num_warps} warps"
                 print(f"{name:<44} {'ok' if spill == 0 else f'{spill} B spilled'}")
