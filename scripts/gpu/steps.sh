@@ -9,9 +9,10 @@
 #   pytest        GPU-marked tests
 #   pytest:EXPR   the tests pytest -k EXPR selects, on the GPU (e.g. pytest:tree)
 #   km / kg       kernel records kernels_{mamba2,gdn}_h200 (FlashInfer's JIT ~3 min cold)
-#   kv[:CFGS]     verify kernels (chain and tree) vs SGLang's snapshotting verify,
+#   kv[:ITEMS]    verify kernels (chain and tree) vs SGLang's snapshotting verify,
 #                 both families, fp32 (kernels_verify_<gpu>; FlashInfer's JIT ~3 min cold);
-#                 CFGS: extra launch shapes of ours, ROWSxWARPS,... (e.g. kv:16x8,64x8)
+#                 ITEMS: other arms of ours timed beside the default: launch shapes
+#                 ROWSxWARPS and routes (e.g. kv:split or kv:split,16x8)
 #   kg-dual       GDN dual precision vs a plain fp32 checkpoint (kernels_gdn_fold_<gpu>)
 #   dual[:M]      the same served: ours with an fp32 checkpoint, then with a bf16 read
 #                 copy + fp32 fold copy (default M qwen3-next-80b)
@@ -68,10 +69,14 @@ for step in "$@"; do
           --routes output_only,split --breakdown --deadline-s $(( l - 40 )) \
           --name kernels_gdn_h200 2>&1 | tail -30 ;;
     kv|kv:*) gpu=$(case $G in *H200*) echo h200;; *H100*) echo h100;; *) echo gpu;; esac)
-      cfgs=${step#kv}; cfgs=${cfgs#:}
+      # kv:ITEMS: ROWSxWARPS items are launch shapes (--configs), others routes (--routes)
+      items=${step#kv}; items=${items#:}; cfgs=(); routes=()
+      for it in ${items//,/ }; do
+        if [[ $it =~ ^[0-9]+x[0-9]+$ ]]; then cfgs+=("$it"); else routes+=("$it"); fi
+      done
       timeout -k 10 "$l" python3 scripts/bench_verify.py --out-dir "$OUT" --batches 256,64,1 \
-        --configs "$cfgs" --deadline-s $(( l - 30 )) --name "kernels_verify_$gpu" 2>&1 \
-        | tail -30 ;;
+        --configs "$(IFS=,; echo "${cfgs[*]}")" --routes "$(IFS=,; echo "${routes[*]}")" \
+        --deadline-s $(( l - 30 )) --name "kernels_verify_$gpu" 2>&1 | tail -30 ;;
     kg-dual) # GDN dual precision (bf16 read copy + fp32 fold copy) beside a plain
       # fp32 checkpoint, one run: is the cheap read worth the recomputing fold?
       gpu=$(case $G in *H200*) echo h200;; *H100*) echo h100;; *) echo gpu;; esac)
