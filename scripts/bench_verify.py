@@ -406,13 +406,18 @@ def main(argv=None):
                     if box[0] is not None:
                         box[0] = box[0].float()
                     ref_fn()
-                    out32 = arm.ours_out(c32, torch.float32)
-                    pool["fill"].zero_()
-                    pool["origin"].zero_()
-                    arm.ours_fn(state, pool, c32, idx, parents, L, out32)()
                     ref = arm.stock_out(box, b, T).float()
-                    row["max_rel_diff_vs_stock_triton"] = bk.rnd(
-                        bk.rel_diff(ref, out32.reshape(b, T, -1)), 9)
+                    # the default, then each other arm (an empty buffer: no
+                    # flush, the checkpoint is left as it was)
+                    for name, route, launch in [(None, "auto", None)] + args.alt_arms:
+                        out32 = arm.ours_out(c32, torch.float32)
+                        pool["fill"].zero_()
+                        pool["origin"].zero_()
+                        arm.ours_fn(state, pool, c32, idx, parents, L, out32, route=route,
+                                    config=LaunchConfig(*launch) if launch else None)()
+                        key = ("max_rel_diff_vs_stock_triton" if name is None
+                               else f"max_rel_diff_{name}_vs_stock_triton")
+                        row[key] = bk.rnd(bk.rel_diff(ref, out32.reshape(b, T, -1)), 9)
                     del snap, box
                 except Exception as e:
                     error(f"parity {f} b={b} {kind}:{T}: {e!r}"[:300]

@@ -72,13 +72,15 @@ def test_configs_must_be_rows_x_warps(bad):
 @pytest.mark.gpu
 def test_stock_and_ours_agree_on_the_gpu(tmp_path):
     """On a GPU the script calls SGLang's verify kernels as the server does:
-    its outputs, chain and tree, agree with ours from the same checkpoint."""
+    its outputs, chain and tree, agree with ours from the same checkpoint, on
+    the default route and on the split route."""
     assert bv.main(["--out-dir", str(tmp_path), "--batches", "3", "--drafts", "chain:3,tree:4",
                     "--buffer-len", "8", "--rep-ms", "5", "--slots", "8",
-                    "--stock", "triton"]) == 0
+                    "--stock", "triton", "--routes", "split"]) == 0
     res = json.loads((tmp_path / "kernels_verify.json").read_text())
     assert res["errors"] == []
     assert len(res["rows"]) == 4
     for r in res["rows"]:
         assert r["stock_triton_us"] is not None, r
         assert r["max_rel_diff_vs_stock_triton"] < 1e-5, r
+        assert r["max_rel_diff_split_vs_stock_triton"] < 1e-5, r
