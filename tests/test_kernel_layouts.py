@@ -42,5 +42,6 @@ def test_no_state_tile_in_the_mma_layout_outside_the_flush_and_no_spilling_defau
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # 2 dtypes x 2 families x (fused decode, fused chain and tree verify, (A)
     # at 2 fold_cols with and without the outputs; no spills at the default
-    # chain verify, tree verify and flush-only launch of batch 256)
-    assert proc.stdout.count(" ok") == 40, proc.stdout
+    # chain verify, tree verify and flush-only launch of batch 256, and at
+    # the split verify route's (B) for a chain and a tree)
+    assert proc.stdout.count(" ok") == 48, proc.stdout
