@@ -47,7 +47,7 @@ MODE_VERIFY = 1
 MODE_FLUSH = 2
 
 __all__ = ["MODE_DECODE", "MODE_VERIFY", "MODE_FLUSH", "max_positions", "required_capacity", "commit",
-           "commit_ref", "flushes_ref", "accept_path", "accept_path_ref"]
+           "commit_ref", "flushes_ref", "accept_path", "accept_path_ref", "tree_path"]
 
 
 def max_positions(buffer_len: int, window: int) -> int:
@@ -167,6 +167,33 @@ def commit(fill: torch.Tensor, origin: torch.Tensor, slots: torch.Tensor, *, mod
     _commit_kernel[(triton.cdiv(batch, BLOCK),)](
         fill, origin, slots, accepted if accepted is not None else slots, batch, buffer_len,
         capacity, WINDOW=window, MODE=mode, BLOCK=BLOCK, num_warps=4)
+
+
+def tree_path(parents: torch.Tensor, last: torch.Tensor):
+    """The accepted path of a tree verify from its last accepted draft.
+
+    parents: [batch, T] int32, the verify's ``parents`` (-1 = follows the
+             committed history)
+    last:    [batch] int, window index of each row's last accepted draft
+             (SGLang's ``last_correct_step_indices``); a padded row's value
+             only has to lie in [0, T)
+    Returns ``(path, accepted)`` as :func:`accept_path` takes them: path
+    [batch, T] int32 lists the window indices from the path's first draft
+    down to ``last`` (entries past ``accepted`` are 0), accepted [batch]
+    int32 is the path's length. T gathers on the device, no host sync (the
+    caller may run it while a CUDA graph's outputs are still in flight)."""
+    batch, T = parents.shape
+    node = last.to(torch.int64).clamp(0, T - 1)
+    ancestors = torch.empty((batch, T), dtype=torch.int64, device=parents.device)
+    for i in range(T):  # the node, its parent, ... ; -1 once past the path's first draft
+        ancestors[:, i] = node
+        up = parents.gather(1, node.clamp(min=0)[:, None])[:, 0].to(torch.int64)
+        node = torch.where(node >= 0, up, node)
+    accepted = (ancestors >= 0).sum(1)
+    k = torch.arange(T, device=parents.device)
+    path = ancestors.gather(1, (accepted[:, None] - 1 - k).clamp(min=0))
+    path = torch.where(k[None, :] < accepted[:, None], path, torch.zeros_like(path))
+    return path.to(torch.int32).contiguous(), accepted.to(torch.int32)
 
 
 def accept_path_ref(ring, fill, origin, slots, path, accepted, capacity):

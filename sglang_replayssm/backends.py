@@ -41,15 +41,18 @@ import torch
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import Mamba2AttnBackend
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
-from sglang_replayssm.kernels.cursors import MODE_DECODE, MODE_FLUSH, commit
-from sglang_replayssm.kernels.gdn_replay import gdn_replay_decode, gdn_replay_flush
-from sglang_replayssm.kernels.mamba2_replay import mamba2_replay_decode, mamba2_replay_flush
+from sglang_replayssm.kernels.cursors import (MODE_DECODE, MODE_FLUSH, MODE_VERIFY, accept_path,
+                                              commit, tree_path)
+from sglang_replayssm.kernels.gdn_replay import (gdn_replay_decode, gdn_replay_flush,
+                                                 gdn_replay_verify)
+from sglang_replayssm.kernels.mamba2_replay import (mamba2_replay_decode, mamba2_replay_flush,
+                                                    mamba2_replay_verify)
 from sglang_replayssm.pool import ReplayMambaPool
 
 logger = logging.getLogger("sglang_replayssm")
 
 __all__ = ["ReplayMamba2AttnBackend", "ReplayGDNAttnBackend", "selective_state_update",
-           "set_stock_selective_state_update"]
+           "set_stock_selective_state_update", "commit_after_verify", "tree_parents"]
 
 
 @dataclasses.dataclass
@@ -98,13 +101,24 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
         return _STOCK_SSU(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
                           state_batch_indices, pad_slot_id, out=out,
                           disable_state_update=disable_state_update, **verify_kwargs)
-    if disable_state_update or x.dim() != 3:
-        raise NotImplementedError("ReplaySSM: speculative verification of Mamba-2 layers is "
-                                  "not wired into SGLang yet (--speculative-algorithm)")
     if pad_slot_id != -1:
         raise ValueError(f"ReplaySSM kernels mark padded rows with slot -1, got "
                          f"pad_slot_id={pad_slot_id}")
     c, pool = layer.cache, layer.pool
+    if disable_state_update:
+        # a verify (mamba.py:703-737): x [b, T, H, P]; the per-draft state
+        # snapshots SGLang asks for (intermediate_states_buffer) are not
+        # needed: the drafts are appended to the ring, and the commit moves
+        # the cursors
+        if x.dim() != 4:
+            raise ValueError(f"ReplaySSM Mamba-2 verify expects x [batch, T, H, P], got "
+                             f"{tuple(x.shape)}")
+        return mamba2_replay_verify(
+            c.temporal, c.x_buffer, c.B_buffer, c.dt_buffer, pool.fill, pool.origin,
+            state_batch_indices, x, dt, A, B, C, buffer_len=pool.buffer_len, D=D, z=z,
+            dt_bias=dt_bias, dt_softplus=dt_softplus, out=out,
+            checkpoint_fold=c.checkpoint_fold,
+            parents=tree_parents(verify_kwargs.get("retrieve_parent_token")))
     return mamba2_replay_decode(
         c.temporal, c.x_buffer, c.B_buffer, c.dt_buffer, pool.fill, pool.origin,
         state_batch_indices, x, dt, A, B, C, buffer_len=pool.buffer_len, D=D, z=z,
@@ -112,8 +126,20 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
         checkpoint_fold=c.checkpoint_fold, route=pool.decode_route)
 
 
+def tree_parents(retrieve_parent_token: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The verify kernels' ``parents`` [b, T] int32 from SGLang's
+    ``retrieve_parent_token`` (None for a chain). The causal conv of a tree
+    verify fills that buffer (causal_conv1d_triton.py:564-573) and leaves
+    the root's entry unset: the root follows the committed history (-1)."""
+    if retrieve_parent_token is None:
+        return None
+    parents = retrieve_parent_token.to(torch.int32, copy=True).contiguous()
+    parents[:, 0] = -1
+    return parents
+
+
 class _ReplayStep:
-    """What both backends share: the pool, the last SSM layer, the commit."""
+    """What both backends share: the pool, the last SSM layer, the commits."""
 
     def __init__(self, req_to_token_pool, server_args, family: str):
         pool = req_to_token_pool.mamba_pool
@@ -145,6 +171,43 @@ class _ReplayStep:
         commit(p.fill, p.origin, slots, mode=mode, buffer_len=p.buffer_len,
                capacity=p.capacity)
 
+    def commit_verify(self, slots: torch.Tensor, last_step: torch.Tensor,
+                      retrieve_parent_token: Optional[torch.Tensor],
+                      mamba_track_indices: Optional[torch.Tensor]) -> None:
+        """After a verify and its sampling, once for the model: roll the conv
+        state to the last accepted draft (SGLang's own scatter of the conv
+        windows the verify's causal conv wrote), then keep the accepted
+        drafts in the input buffer: for a tree move their ring entries to
+        the first window positions (every ring, every layer), then advance
+        the cursors by the accepted count. Rejected drafts stay behind the
+        cursor and are overwritten by the next step.
+
+        slots [b] (-1 = padded row), last_step [b]: the window index of each
+        row's last accepted draft (SGLang's ``last_correct_step_indices``,
+        the bonus token's position)."""
+        from sglang.kernels.ops.mamba.mamba_state_scatter_triton import (
+            fused_conv_window_scatter_with_mask)
+
+        if mamba_track_indices is not None:
+            raise NotImplementedError("ReplaySSM: mamba state tracking (radix extra_buffer) "
+                                      "is not supported")
+        p = self.pool
+        cache = p.mamba_cache
+        # mamba_state_scatter_triton.py:375 (as commit_mamba_states_after_verify
+        # does for SGLang's built-in ReplaySSM, spec_utils.py:908-913)
+        for conv, windows in zip(cache.conv, cache.intermediate_conv_window):
+            fused_conv_window_scatter_with_mask(conv, windows, slots, last_step)
+        window = p.speculative_num_draft_tokens
+        parents = tree_parents(retrieve_parent_token)
+        if parents is None:
+            accepted = (last_step + 1).to(torch.int32)
+        else:
+            path, accepted = tree_path(parents, last_step)
+            accept_path(p.rings(), p.fill, p.origin, slots, path, accepted,
+                        capacity=p.capacity, stacked=True)
+        commit(p.fill, p.origin, slots, mode=MODE_VERIFY, buffer_len=p.buffer_len,
+               capacity=p.capacity, window=window, accepted=accepted)
+
 
 def _log_enabled(family: str, pool: ReplayMambaPool, num_layers: int) -> None:
     c = pool.mamba_cache
@@ -170,9 +233,6 @@ class ReplayMamba2AttnBackend(Mamba2AttnBackend):
     def forward(self, mixer, hidden_states, output, layer_id, forward_batch, mup_vector=None,
                 use_triton_causal_conv=False):
         md = self.forward_metadata
-        if md.is_target_verify:
-            raise NotImplementedError("ReplaySSM: speculative verification is not wired into "
-                                      "SGLang yet")
         if forward_batch.mamba_track_mask is not None:
             raise NotImplementedError("ReplaySSM: mamba state tracking (radix extra_buffer) is "
                                       "not supported")
@@ -199,7 +259,8 @@ class ReplayMamba2AttnBackend(Mamba2AttnBackend):
         if n_p > 0 and cache.checkpoint_fold is not None:
             idx = prefill_slots.long()
             cache.temporal[idx] = cache.checkpoint_fold[idx].to(cache.temporal.dtype)
-        if layer_id == self.replay.last_layer_id:
+        # a verify's cursors move in commit_verify, once the drafts are accepted
+        if layer_id == self.replay.last_layer_id and not md.is_target_verify:
             if n_p > 0:
                 self.replay.commit(prefill_slots, MODE_FLUSH)
             if n_d > 0:
@@ -267,8 +328,7 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
 
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         if forward_batch.forward_mode.is_target_verify():
-            raise NotImplementedError("ReplaySSM: speculative verification is not wired into "
-                                      "SGLang yet")
+            return self._forward_verify(layer, forward_batch, mixed_qkv, a, b)
         active = self.replay.layer(layer.layer_id)
         c, pool = active.cache, active.pool
         slots = self.forward_metadata.mamba_cache_indices
@@ -287,3 +347,56 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
         if layer.layer_id == self.replay.last_layer_id:
             self.replay.commit(slots, MODE_FLUSH)
         return out
+
+    def _forward_verify(self, layer, forward_batch, mixed_qkv, a, b):
+        """A verify of T drafts per row: the causal conv as
+        ``GDNAttnBackend.forward_extend`` runs it for a verify
+        (gdn_backend.py:533-551; it writes the conv window after each draft,
+        which the commit reads, and a tree's ``retrieve_parent_token``), then
+        the ReplaySSM verify on the packed conv output (no q/k/v split: the
+        kernel reads q, k, v from it as the packed decode does)."""
+        from sglang.srt.layers.attention.linear import gdn_backend
+
+        md = self.forward_metadata
+        T = forward_batch.spec_info.draft_token_num
+        tokens = mixed_qkv.shape[0]
+        batch = tokens // T
+        active = self.replay.layer(layer.layer_id)
+        c, pool = active.cache, active.pool
+        slots = md.mamba_cache_indices[:batch]
+        qkv = gdn_backend.causal_conv1d_update(
+            mixed_qkv.view(batch, T, -1).transpose(1, 2), c.conv[0], layer.conv_weights,
+            layer.bias, layer.activation, conv_state_indices=slots,
+            intermediate_conv_window=c.intermediate_conv_window[0],
+            intermediate_state_indices=self.verify_intermediate_state_indices[:batch],
+            retrieve_next_token=md.retrieve_next_token,
+            retrieve_next_sibling=md.retrieve_next_sibling,
+            retrieve_parent_token=md.retrieve_parent_token,
+        ).transpose(1, 2)  # [batch, T, dim]
+        if qkv.stride(-1) != 1:
+            qkv = qkv.contiguous()
+        out = gdn_replay_verify(
+            c.temporal, c.k_buffer, c.u_buffer, c.g_buffer, pool.fill, pool.origin, slots,
+            qkv, a.view(batch, T, -1), b.view(batch, T, -1), layer.A_log, layer.dt_bias,
+            layer.head_k_dim ** -0.5, buffer_len=pool.buffer_len,
+            num_k_heads=c.k_buffer.shape[1], parents=tree_parents(md.retrieve_parent_token),
+            **_gdn_fold_kwargs(c))
+        return out.view(1, tokens, *out.shape[2:])  # the stock target_verify's layout
+
+
+def commit_after_verify(backend, last_correct_step_indices: torch.Tensor,
+                        mamba_track_indices: Optional[torch.Tensor] = None) -> bool:
+    """The post-verify commit for a ReplaySSM linear-attention ``backend``
+    (what SGLang's ``update_mamba_state_after_mtp_verify`` does with its
+    per-draft state snapshots; see :meth:`_ReplayStep.commit_verify`): the
+    slots and a tree's parents come from the verify's metadata, as SGLang's
+    own commit reads them. Returns False for any other backend."""
+    replay = getattr(backend, "replay", None)
+    if not isinstance(replay, _ReplayStep):
+        return False
+    md = backend.forward_metadata
+    rows = last_correct_step_indices.shape[0]  # the batch's requests, without CUDA-graph padding
+    parents = md.retrieve_parent_token
+    replay.commit_verify(md.mamba_cache_indices[:rows], last_correct_step_indices,
+                         None if parents is None else parents[:rows], mamba_track_indices)
+    return True

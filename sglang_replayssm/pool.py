@@ -76,7 +76,8 @@ from typing import Dict, Optional, Tuple
 import torch
 from sglang.srt.configs.mamba_utils import Mamba2StateDType, Mamba2StateShape
 from sglang.srt.constants import GPU_MEMORY_TYPE_KV_CACHE
-from sglang.srt.mem_cache.memory_pool import MambaPool, get_tensor_size_bytes
+from sglang.srt.mem_cache.memory_pool import (MambaPool, conv_window_dedup_enabled,
+                                              get_tensor_size_bytes)
 from sglang.srt.platforms import current_platform
 
 from sglang_replayssm.config import FAMILY_ENV, ReplayConfig
@@ -259,14 +260,20 @@ class ReplayMambaPool(MambaPool):
         self.capacity = required_capacity(config.buffer_len, self.window)
         specs = _buffer_specs(family, cache_params, config, self.capacity, ckpt_dtype)
 
+        # The stock pool is built without speculative decoding: its spec state
+        # adds intermediate_ssm, a copy of every layer's state per draft token
+        # and running request, which ReplaySSM never needs (the verify kernels
+        # write no per-draft state; rollback is a cursor move). The conv
+        # windows per draft token, which conv rollback still reads, are
+        # added below.
         super().__init__(
             size=size, spec_state_size=spec_state_size, cache_params=cache_params,
             mamba_layer_ids=mamba_layer_ids, device=device,
             enable_memory_saver=enable_memory_saver,
-            speculative_num_draft_tokens=speculative_num_draft_tokens,
-            speculative_eagle_topk=speculative_eagle_topk,
+            speculative_num_draft_tokens=None, speculative_eagle_topk=speculative_eagle_topk,
             enable_linear_replayssm=False, linear_replayssm_cache_len=linear_replayssm_cache_len,
             envelope_layout=envelope_layout, enable_linear_replayssm_spec=False)
+        self.speculative_num_draft_tokens = speculative_num_draft_tokens
 
         num_layers = len(mamba_layer_ids)
         with (
@@ -285,9 +292,52 @@ class ReplayMambaPool(MambaPool):
                                               device=device)
             self.fill = torch.zeros((size + 1,), dtype=torch.int32, device=device)
             self.origin = torch.zeros((size + 1,), dtype=torch.int32, device=device)
-        self.mamba_cache = dataclasses.replace(self.mamba_cache, **extra)
+            if speculative_num_draft_tokens is not None:
+                windows = self._conv_windows(cache_params, spec_state_size,
+                                             speculative_num_draft_tokens,
+                                             speculative_eagle_topk, num_layers, device)
+        if speculative_num_draft_tokens is None:
+            self.mamba_cache = dataclasses.replace(self.mamba_cache, **extra)
+        else:
+            fields = {f.name: getattr(self.mamba_cache, f.name)
+                      for f in dataclasses.fields(self.mamba_cache)}
+            self.mamba_cache = self.SpeculativeState(
+                **{**fields, **extra}, intermediate_ssm=None, intermediate_conv_window=windows)
         self.replay_fields = tuple(extra)
         self.mem_usage = self._mem_usage_bytes() / GB
+
+    def _conv_windows(self, cache_params, spec_state_size: int, draft_tokens: int,
+                      topk: Optional[int], num_layers: int, device) -> list:
+        """The conv state's window after each draft token, per batch row
+        ([L_m, spec_state_size+1, draft_tokens, *conv_shape] views): the causal
+        conv of a verify writes them, the commit copies the last accepted
+        one into the conv state. As MambaPool lays them out: SGLang's
+        deduplicated sliding windows on CUDA for a chain, dense otherwise."""
+        shapes = cache_params.shape.conv
+        dtype = cache_params.dtype.conv
+        on_cuda = torch.device(device).type == "cuda"
+        if on_cuda and not cache_params.shape.disable_conv_window_dedup and \
+                conv_window_dedup_enabled(False, False, topk, cache_params.is_kda):
+            self.conv_window_axis = self._detect_conv_window_axis(
+                shapes, cache_params.shape.conv_kernel - 1)
+            phys, views = [], []
+            for shape in shapes:  # allocates on the current CUDA device
+                p, v = self._allocate_deduplicated_conv_window(
+                    conv_shape=shape, num_mamba_layers=num_layers,
+                    spec_state_size=spec_state_size,
+                    speculative_num_draft_tokens=draft_tokens, conv_dtype=dtype)
+                phys.append(p)
+                views.append(v)
+        else:
+            phys = views = [torch.zeros((num_layers, spec_state_size + 1, draft_tokens) + shape,
+                                        dtype=dtype, device=device) for shape in shapes]
+        self._intermediate_conv_window_phys = phys
+        return views
+
+    def rings(self) -> Tuple[torch.Tensor, ...]:
+        """The input-buffer rings ([L_m, S+1, heads, cap, ...]), the tensors
+        whose entries a tree verify's accepted path moves."""
+        return tuple(t for name, t in self.replay_tensors().items() if name != "checkpoint_fold")
 
     def mamba2_layer_cache(self, layer_id: int):
         cache = super().mamba2_layer_cache(layer_id)

@@ -112,11 +112,9 @@ def validate_against_server_args(config: ReplayConfig, server_args) -> None:
             "--enable-replayssm and SGLang's built-in --enable-linear-replayssm / "
             "--enable-linear-replayssm-spec are mutually exclusive"
         )
-    if getattr(server_args, "speculative_algorithm", None):
-        raise ValueError(
-            "--enable-replayssm does not support speculative decoding yet "
-            f"(--speculative-algorithm {server_args.speculative_algorithm})"
-        )
+    algorithm = getattr(server_args, "speculative_algorithm", None)
+    if algorithm:
+        validate_speculative(config, server_args, algorithm)
     if getattr(server_args, "enable_hierarchical_cache", False):
         raise ValueError("--enable-replayssm does not support --enable-hierarchical-cache")
     if getattr(server_args, "enable_unified_memory", False):
@@ -126,6 +124,32 @@ def validate_against_server_args(config: ReplayConfig, server_args) -> None:
             "--enable-replayssm does not support PD disaggregation "
             f"(--disaggregation-mode {server_args.disaggregation_mode})"
         )
+
+
+# Algorithms whose verify is a fixed window of draft tokens per request (a
+# chain, or an EAGLE tree with topk > 1) and whose workers commit through
+# update_mamba_state_after_mtp_verify (eagle_worker_common.py:604,
+# ngram_worker.py:462). DFLASH / DSPARK verify ragged windows; STANDALONE's
+# draft model is a second model with a pool of its own.
+SPECULATIVE_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "NGRAM")
+
+
+def validate_speculative(config: ReplayConfig, server_args, algorithm: str) -> None:
+    """Speculative decoding with ReplaySSM: the drafts of one verify are
+    buffered after the request's history, so the window must fit the buffer."""
+    if str(algorithm).upper() not in SPECULATIVE_ALGORITHMS:
+        raise ValueError(
+            f"--enable-replayssm supports --speculative-algorithm "
+            f"{'/'.join(SPECULATIVE_ALGORITHMS)}, got {algorithm}")
+    if getattr(server_args, "speculative_adaptive", False):
+        raise ValueError("--enable-replayssm does not support --speculative-adaptive (the "
+                         "verify window must be the same every step)")
+    drafts = getattr(server_args, "speculative_num_draft_tokens", None)
+    if drafts is not None and drafts >= config.buffer_len:
+        raise ValueError(
+            f"--replayssm-buffer-len ({config.buffer_len}) must exceed "
+            f"--speculative-num-draft-tokens ({drafts}): a verify buffers its drafts after "
+            f"the request's history; raise --replayssm-buffer-len to at least {drafts + 1}")
 
 
 def install_cli_hooks() -> None:
@@ -217,7 +241,15 @@ def install_replay_hooks(config: ReplayConfig) -> None:
       at import; ``MambaMixer2.forward`` (:739-752) calls it for decode rows;
     * srt/configs/mamba_utils.py:116 ``mamba_cache_per_req`` is what the
       capacity solver (srt/mem_cache/kv_cache_configurator.py:1839) charges
-      per slot: add the buffers, fold copy and cursors.
+      per slot: add the buffers, fold copy and cursors;
+    * srt/layers/attention/hybrid_linear_attn_backend.py:1183
+      ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify``, which
+      the speculative workers' commit reaches (speculative/spec_utils.py:1016,
+      called from eagle_worker_common.py:604 and ngram_worker.py:462; the
+      hybrid attention wrapper forwards it, hybrid_attn_backend.py:218):
+      for a ReplaySSM linear backend, roll the conv state back and move the
+      cursors (:func:`backends.commit_after_verify`) instead of scattering
+      per-draft state snapshots.
     """
     from sglang.srt.configs.mamba_utils import BaseLinearStateParams
     from sglang.srt.layers.attention import hybrid_linear_attn_backend
@@ -244,6 +276,19 @@ def install_replay_hooks(config: ReplayConfig) -> None:
         return stock_per_req.fget(self) + pool_cls.extra_bytes_per_slot(self)
 
     _patch(BaseLinearStateParams, "mamba_cache_per_req", property(mamba_cache_per_req))
+
+    hybrid = hybrid_linear_attn_backend.HybridLinearAttnBackend
+    stock_commit = hybrid.__dict__["update_mamba_state_after_mtp_verify"]
+
+    def update_mamba_state_after_mtp_verify(self, last_correct_step_indices, mamba_track_indices,
+                                            mamba_steps_to_track, model,
+                                            req_pool_indices=None):
+        if not backends.commit_after_verify(self.linear_attn_backend, last_correct_step_indices,
+                                            mamba_track_indices):
+            stock_commit(self, last_correct_step_indices, mamba_track_indices,
+                         mamba_steps_to_track, model, req_pool_indices)
+
+    _patch(hybrid, "update_mamba_state_after_mtp_verify", update_mamba_state_after_mtp_verify)
     # SGLang loads plugins before the scheduler configures logging
     # (scheduler.py:4895), so an info line here never reaches the server log;
     # the backend logs "ReplaySSM enabled for N ... layers" once serving starts.

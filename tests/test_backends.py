@@ -45,13 +45,14 @@ L = 4  # small buffer: flushes every 4 decode steps
 TOL = dict(rtol=2e-4, atol=2e-5)
 
 
-def make_pool(monkeypatch, params, family, cfg):
+def make_pool(monkeypatch, params, family, cfg, drafts=None, topk=None):
     monkeypatch.setattr(HybridReqToTokenPool, "mamba_pool_cls",
                         ReplayMambaPool.with_config(cfg, family=family))
     return HybridReqToTokenPool(
         size=SLOTS, mamba_size=SLOTS, mamba_spec_state_size=SLOTS, max_context_len=64,
         device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=LAYERS,
-        enable_mamba_extra_buffer=False, enable_overlap_schedule=False)
+        enable_mamba_extra_buffer=False, enable_overlap_schedule=False,
+        speculative_num_draft_tokens=drafts, speculative_eagle_topk=topk)
 
 
 def bf16(*shape, scale=1.0, g=None):
@@ -81,6 +82,8 @@ class StandInMixer:
         slots = metadata.mamba_cache_indices
         n_p, n_d = metadata.num_prefills, metadata.num_decodes
         state = layer_cache.temporal
+        if metadata.is_target_verify:
+            return self.verify(inp, layer_cache, metadata), None
         outs, t = [], 0
         for r in range(n_p):  # prefill rows: scan from the checkpoint, write the final state
             s = int(slots[r])
@@ -106,6 +109,27 @@ class StandInMixer:
                 state_batch_indices=slots[n_p:n_p + n_d], out=out)
             outs.extend(out.unbind(0))
         return torch.stack(outs), None
+
+
+    def verify(self, inp, layer_cache, md):
+        """The verify rows (n_d rows of T tokens, no prefill rows) exactly as
+        mamba.py:703-737 passes them to selective_state_update."""
+        from sglang.srt.layers.attention.mamba import mamba as mamba_module
+
+        H, P, N = M2["H"], M2["P"], M2["N"]
+        n, T = md.num_decodes, md.draft_token_num
+        out = torch.empty(n * T, H, P)
+        mamba_module.selective_state_update(
+            layer_cache.temporal, inp["x"].view(n, T, H, P),
+            inp["dt"][:, :, None].expand(-1, -1, P).view(n, T, H, P),
+            self.A[:, None, None].expand(-1, P, N), inp["B"].view(n, T, M2["G"], N),
+            inp["C"].view(n, T, M2["G"], N), self.D[:, None].expand(-1, P), z=None,
+            dt_bias=self.dt_bias[:, None].expand(-1, P), dt_softplus=True,
+            state_batch_indices=md.mamba_cache_indices[:n], out=out.view(n, T, H, P),
+            disable_state_update=True, intermediate_states_buffer=layer_cache.intermediate_ssm,
+            cache_steps=T, retrieve_parent_token=md.retrieve_parent_token,
+            intermediate_state_indices=torch.arange(n, dtype=torch.int32))
+        return out
 
 
 class Truth:
@@ -149,14 +173,14 @@ def ssu_hook(monkeypatch):
 class Harness:
     """Drives a backend through scheduler-like steps and checks every output."""
 
-    def __init__(self, monkeypatch, family, cfg, seed, conv_dtype=None):
+    def __init__(self, monkeypatch, family, cfg, seed, conv_dtype=None, drafts=None, topk=None):
         self.g = torch.Generator().manual_seed(seed)
         self.family = family
         params = mamba2_params(torch.float32) if family == "mamba2" else gdn_params(torch.float32)
         if conv_dtype is not None:
             params = dataclasses.replace(params, dtype=dataclasses.replace(params.dtype,
                                                                            conv=conv_dtype))
-        self.r2t = make_pool(monkeypatch, params, family, cfg)
+        self.r2t = make_pool(monkeypatch, params, family, cfg, drafts, topk)
         self.pool = self.r2t.mamba_pool
         server_args = SimpleNamespace(disable_radix_cache=True)
         cls = backends.ReplayMamba2AttnBackend if family == "mamba2" else backends.ReplayGDNAttnBackend
@@ -357,6 +381,9 @@ class GDNLayer:
         self.num_v_heads = HV
         self.head_v_dim = GDN["V"]
         self.num_k_heads = GDN["Hk"]
+        # the causal conv's parameters (the tests stand in for the conv or set them)
+        self.conv_weights = self.bias = None
+        self.activation = "silu"
 
 
 def gdn_token(g):
@@ -565,3 +592,143 @@ def test_mamba2_decode_through_the_stock_mixer(monkeypatch, ssu_hook, route):
             if h.fill(rid) == 0:
                 torch.testing.assert_close(c.temporal[i, s], stock_state[lid][s],
                                            rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------ speculative verify --
+
+def _apply(h, lid, state, tok):
+    """One float64 step of layer ``lid`` on a [1, ...] state (updated in place)."""
+    lay = h.layers[lid]
+    if h.family == "mamba2":
+        return reference.selective_state_update_ref(
+            state, tok["x"][None], tok["dt"][None], lay.A, tok["B"][None], tok["C"][None],
+            lay.D, dt_bias=lay.dt_bias, state_batch_indices=torch.zeros(1, dtype=torch.int32))[0]
+    return _gdn_ref(state, lay, tok)
+
+
+def _conv_window_scatter(dst, src, dst_indices, step_indices):
+    """SGLang's fused_conv_window_scatter_with_mask (CUDA only) in PyTorch:
+    conv state of slot dst_indices[i] = window of batch row i after draft
+    step_indices[i], every layer."""
+    for i, (slot, step) in enumerate(zip(dst_indices.tolist(), step_indices.tolist())):
+        if slot >= 0 and step >= 0:
+            dst[:, slot] = src[:, i, step]
+
+
+class _VerifyConv:
+    """GDN's causal conv of a verify, as the backend calls it: returns the
+    (already post-conv) input, fills a tree's retrieve_parent_token as the
+    Triton conv does (the root's entry left unset) and marks the window it
+    writes after draft t of batch row i with the value 10 * i + t + 1."""
+
+    def __init__(self):
+        self.parents = None
+
+    def __call__(self, x, conv_state, weight, bias, activation, *, conv_state_indices,
+                 intermediate_conv_window, intermediate_state_indices, retrieve_next_token,
+                 retrieve_next_sibling, retrieve_parent_token):
+        batch, _, T = x.shape
+        if retrieve_parent_token is not None:
+            retrieve_parent_token[:, 1:] = self.parents[:, 1:]
+        for i in range(batch):
+            for t in range(T):
+                intermediate_conv_window[int(intermediate_state_indices[i]), t] = 10 * i + t + 1
+        return x
+
+
+def verify_step(h, rows, T, tree, conv):
+    """One verify of T drafts for ``rows`` (trailing None = padded rows, as
+    CUDA graphs pad), every output against the float64 recurrence along its
+    draft's path; then a random acceptance, the commit SGLang's spec worker
+    reaches, and the cursors, conv states and truth it leaves."""
+    from draft_trees import path_to, random_tree
+
+    n = len(rows)
+    live = [r for r in rows if r is not None]
+    trees = [random_tree(h.g, T) if tree else [-1] + list(range(T - 1)) for _ in rows]
+    tokens = [[h.token() for _ in range(T)] for _ in rows]
+    inp = stack([t for row in tokens for t in row])
+    slots = torch.tensor([h.slot(r) for r in rows], dtype=torch.int32)
+    parents = torch.tensor(trees, dtype=torch.int64)
+    md = SimpleNamespace(
+        mamba_cache_indices=slots, num_prefills=0, num_decodes=n, is_target_verify=True,
+        draft_token_num=T, extend_lens=[],
+        retrieve_parent_token=torch.full((n, T), 99, dtype=torch.int64) if tree else None,
+        retrieve_next_token=None, retrieve_next_sibling=None)
+    h.be.forward_metadata = md
+    fb = SimpleNamespace(mamba_track_mask=None, spec_info=SimpleNamespace(draft_token_num=T),
+                         forward_mode=SimpleNamespace(is_target_verify=lambda: True))
+    conv.parents = parents
+    for lid in LAYERS:
+        if h.family == "mamba2":
+            if tree:  # the mixer's causal conv fills it before the state update
+                md.retrieve_parent_token[:, 1:] = parents[:, 1:]
+            got = h.be.forward(h.layers[lid], inp, None, lid, fb)
+        else:
+            got = h.be.forward_extend(h.layers[lid], fb, inp["qkv"], inp["a"], inp["b"])
+            assert got.shape == (1, n * T, GDN["HV"], GDN["V"])
+            got = got[0]
+        for i, rid in enumerate(rows):
+            if rid is None:
+                continue
+            for j in range(T):
+                state = h.truth.h[(rid, lid)].clone()
+                for k in path_to(trees[i], j):
+                    want = _apply(h, lid, state, tokens[i][k])
+                torch.testing.assert_close(got[i * T + j].double(), want, **TOL)
+    last = torch.randint(0, T, (len(live),), generator=h.g)
+    fills = [h.fill(r) for r in live]
+    assert backends.commit_after_verify(h.be, last)
+    for i, rid in enumerate(live):
+        path = path_to(trees[i], int(last[i]))
+        for lid in LAYERS:
+            for k in path:
+                _apply(h, lid, h.truth.h[(rid, lid)], tokens[i][k])
+        f = fills[i]
+        h.expected_fill[rid] = len(path) if f + T >= L_SPEC else f + len(path)
+        if h.family == "gdn":  # the conv state is the window after the last accepted draft
+            for c in h.pool.mamba_cache.conv:
+                assert bool((c[:, h.slot(rid)] == 10 * i + int(last[i]) + 1).all())
+    for rid in h.reqs:
+        assert h.fill(rid) == h.expected_fill[rid], rid
+    return [len(path_to(trees[i], int(last[i]))) for i in range(len(live))], fills
+
+
+L_SPEC = 6  # buffer_len of the verify tests: T = 3 drafts, ring capacity 8
+
+
+@PADDED_ROW_GARBAGE
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_speculative_verify_and_commit(monkeypatch, ssu_hook, gdn_stock_bodies, family, tree):
+    """Verify steps through the backends (Mamba-2: the mixer's verify call of
+    selective_state_update; GDN: forward_extend in TARGET_VERIFY) and the
+    post-verify commit SGLang's speculative workers reach
+    (update_mamba_state_after_mtp_verify), chains and trees, random
+    acceptance, a padded row, a prefill admitted between verifies, across
+    flushes: every draft's output against the float64 recurrence along its
+    path, the cursors after every commit."""
+    from sglang.kernels.ops.mamba import mamba_state_scatter_triton
+    from sglang.srt.layers.attention.linear import gdn_backend
+
+    monkeypatch.setattr(mamba_state_scatter_triton, "fused_conv_window_scatter_with_mask",
+                        _conv_window_scatter)
+    conv = _VerifyConv()
+    monkeypatch.setattr(gdn_backend, "causal_conv1d_update", conv, raising=False)
+    T = 3
+    h = Harness(monkeypatch, family, ReplayConfig(buffer_len=L_SPEC), seed=11, drafts=T,
+                topk=2 if tree else None)
+    if family == "gdn":
+        h.be.verify_intermediate_state_indices = torch.arange(SLOTS + 1, dtype=torch.int32)
+    h.admit("a"), h.admit("b")
+    h.step(prefill=[("a", 3), ("b", 2)])
+    accepted, flushed = [], 0
+    for step in range(7):
+        if step == 3:  # a new request's prefill between two verifies
+            h.admit("c")
+            h.step(prefill=[("c", 2)])
+        rows = (["a", "b"] if step % 2 else ["b", "a"]) + (["c"] if step >= 3 else []) + [None]
+        acc, fills = verify_step(h, rows, T, tree, conv)
+        accepted += acc
+        flushed += sum(f + T >= L_SPEC for f in fills)
+    assert flushed >= 4 and set(accepted) == {1, 2, 3}

@@ -81,3 +81,26 @@ def test_accept_path_moves_the_path_entries(device, stacked):
     assert int(acc.max()) > 1 and any(p != list(range(len(p))) for p in path.tolist())
     for r, g, w in zip(rings, got, want):
         assert torch.equal(g.cpu(), w) and not torch.equal(r, w)
+
+
+def test_tree_path_follows_the_parents(device):
+    """tree_path against draft_trees.path_to on random trees (several trees
+    in one window, every draft as the last accepted one), and a chain."""
+    from draft_trees import path_to
+
+    gen = torch.Generator().manual_seed(29)
+    T = 7
+    trees = [random_tree(gen, T) for _ in range(6)]
+    rows = [(tree, node) for tree in trees for node in range(T)]
+    parents = torch.tensor([t for t, _ in rows], dtype=torch.int32)
+    last = torch.tensor([n for _, n in rows])
+    path, accepted = cur.tree_path(parents.to(device), last.to(device))
+    assert path.dtype == accepted.dtype == torch.int32 and path.is_contiguous()
+    for r, (tree, node) in enumerate(rows):
+        want = path_to(tree, node)
+        assert int(accepted[r]) == len(want)
+        assert path[r].tolist() == want + [0] * (T - len(want))
+    chain = torch.tensor([[-1, 0, 1, 2]], dtype=torch.int32).expand(4, 4).contiguous()
+    path, accepted = cur.tree_path(chain.to(device), torch.arange(4).to(device))
+    assert accepted.tolist() == [1, 2, 3, 4]
+    assert path.tolist() == [[0, 0, 0, 0], [0, 1, 0, 0], [0, 1, 2, 0], [0, 1, 2, 3]]

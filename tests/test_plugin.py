@@ -129,7 +129,12 @@ _STOCK = dict(enable_linear_replayssm=False, enable_linear_replayssm_spec=False,
     [
         (dict(enable_linear_replayssm=True), "mutually exclusive"),
         (dict(enable_linear_replayssm_spec=True), "mutually exclusive"),
-        (dict(speculative_algorithm="EAGLE"), "does not support speculative decoding yet"),
+        (dict(speculative_algorithm="DFLASH"), "supports --speculative-algorithm"),
+        (dict(speculative_algorithm="STANDALONE"), "supports --speculative-algorithm"),
+        (dict(speculative_algorithm="EAGLE", speculative_num_draft_tokens=16),
+         r"--replayssm-buffer-len \(16\) must exceed --speculative-num-draft-tokens \(16\)"),
+        (dict(speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
+              speculative_adaptive=True), "--speculative-adaptive"),
         (dict(enable_hierarchical_cache=True), "--enable-hierarchical-cache"),
         (dict(enable_unified_memory=True), "--enable-unified-memory"),
         (dict(disaggregation_mode="decode"), "PD disaggregation"),
@@ -143,6 +148,15 @@ def test_server_args_validation(override, message):
 
 def test_server_args_validation_accepts_stock():
     sglang_hooks.validate_against_server_args(ReplayConfig(enabled=True), types.SimpleNamespace(**_STOCK))
+
+
+@pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "NEXTN", "NGRAM"])
+def test_server_args_validation_accepts_speculative(algorithm):
+    """A fixed verify window shorter than the buffer (15 drafts, buffer 16)."""
+    server_args = types.SimpleNamespace(**{**_STOCK, "speculative_algorithm": algorithm,
+                                           "speculative_num_draft_tokens": 15})
+    sglang_hooks.validate_against_server_args(ReplayConfig(enabled=True, buffer_len=16),
+                                              server_args)
 
 
 def test_register_enabled_installs_and_uninstall_restores(hooks, monkeypatch):

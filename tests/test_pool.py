@@ -383,6 +383,41 @@ def test_speculative_state_dataclass():
     assert layer.intermediate_conv_window[0].shape == (s, 2, 96, 3)
 
 
+@pytest.mark.parametrize("case", ["mamba2", "gdn"])
+def test_speculative_pool_without_state_snapshots(monkeypatch, case):
+    """With speculative decoding the pool is a SpeculativeState (stock code
+    checks for it) holding the conv windows per draft token, which conv
+    rollback reads, but no intermediate_ssm (a copy of every layer's state
+    per draft token); the rings are sized for the verify window."""
+    params = mamba2_params() if case == "mamba2" else gdn_params()
+    drafts = 3
+    monkeypatch.setattr(HybridReqToTokenPool, "mamba_pool_cls",
+                        ReplayMambaPool.with_config(ReplayConfig(buffer_len=L), family=case))
+    r2t = HybridReqToTokenPool(
+        size=SLOTS, mamba_size=SLOTS, mamba_spec_state_size=SLOTS - 1, max_context_len=32,
+        device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=LAYERS,
+        enable_mamba_extra_buffer=False, enable_overlap_schedule=False,
+        speculative_num_draft_tokens=drafts, speculative_eagle_topk=2)
+    pool = r2t.mamba_pool
+    c = pool.mamba_cache
+    assert isinstance(c, MambaPool.SpeculativeState) and c.intermediate_ssm is None
+    assert pool.capacity == L - 1 + drafts and pool.speculative_num_draft_tokens == drafts
+    conv_shape = tuple(params.shape.conv[0])
+    assert [tuple(w.shape) for w in c.intermediate_conv_window] == [
+        (len(LAYERS), SLOTS, drafts) + conv_shape]
+    assert c.intermediate_conv_window[0].dtype == params.dtype.conv
+    ring = c.x_buffer if case == "mamba2" else c.u_buffer
+    assert ring.shape[3] == pool.capacity
+    assert {id(t) for t in pool.rings()} == {
+        id(getattr(c, n)) for n in pool.replay_fields if n != "checkpoint_fold"}
+    layer = r2t.mamba2_layer_cache(LAYERS[1])
+    assert layer.intermediate_conv_window[0].shape == (SLOTS, drafts) + conv_shape
+    windows = sum(w.numel() * w.element_size() for w in c.intermediate_conv_window)
+    assert pool.mem_usage * 1024**3 == pytest.approx(
+        c.mem_usage_bytes() + 2 * 4 * (SLOTS + 1))
+    assert windows > 0
+
+
 def test_zz_restores_mamba_pool_cls():
     # runs last in this file: every test's monkeypatch of mamba_pool_cls was undone
     assert HybridReqToTokenPool.mamba_pool_cls is MambaPool
