@@ -21,6 +21,8 @@
 #   parity-floor[:M]  the same plus each arm against itself in groups of 8 (noise floor)
 #   parity-ours[:M]   only our arm (its dump merges with a stock partial kept from an
 #                 earlier call: bench_serving.py merge checks both saw the same prompts)
+#   spec[:M]      speculative decoding (NGRAM, 8 drafts) served, stock triton vs ours,
+#                 greedy tokens dumped (default M qwen3-next-80b-4layer)
 #   nemo / qwen   served bs 1/64/256, 1 warm-up + 2 measured runs: Nemotron-H-8B (flashinfer, ours, triton),
 #                 Qwen3-Next-80B (triton, ours, SGLang's replay); nemo:A,B / qwen:A,B
 #                 runs only those arms (three 80B-class arms may not fit one call)
@@ -94,6 +96,13 @@ for step in "$@"; do
       [ "$l" -gt 60 ] && serve --model "$model" --arms replayssm --checkpoint-dtype bfloat16 \
         --server-args "--replayssm-fold-dtype float32" --batch-sizes 1 64 256 --repeats 2 \
         --health-timeout 200 ;;
+    spec|spec:*) # speculative decoding served (NGRAM: no draft model, a tree of
+      # drafts), stock triton vs ours, bf16, scaled dummy weights: both serve,
+      # greedy tokens dumped for the parity record (default M qwen3-next-80b-4layer)
+      model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
+      serve --model "$model" --arms stock-triton replayssm --parity --dummy-init scaled \
+        --batch-sizes 1 16 --output-len 64 --warmup-runs 0 --health-timeout 240 \
+        --server-args "--speculative-algorithm NGRAM --speculative-num-draft-tokens 8 --max-running-requests 64 --cuda-graph-max-bs-decode 64" ;;
     nemo|nemo:*|qwen|qwen:*)
       case $step in
         nemo*) model=nemotron-h-8b; arms="stock-flashinfer replayssm stock-triton"; h=280 ;;
