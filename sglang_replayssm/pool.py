@@ -36,6 +36,11 @@ or the draft tokens per verify step when speculative decoding is on):
   u stays bf16 (only the outputs read it).
 * Pool-wide cursors ``fill`` and ``origin`` [S+1] int32 (attributes of the pool,
   shared by every layer; see ``kernels/cursors.py``).
+* With speculative decoding (``speculative_num_draft_tokens`` = D): a
+  ``SpeculativeState`` whose ``intermediate_conv_window`` holds the conv
+  windows after each draft, per batch row ([L_m, R+1, D, *conv], R =
+  ``spec_state_size``; the conv's rollback reads them), and whose
+  ``intermediate_ssm`` is None: the verify kernels write no per-draft state.
 
 The extra fields live on a ``State`` dataclass subclass, so ``at_layer_idx``
 (``mamba2_layer_cache(layer)``) slices them per layer like ``conv``/``temporal``,
