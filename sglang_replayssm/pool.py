@@ -225,8 +225,11 @@ class ReplayMambaPool(MambaPool):
         """Bytes the replay fields add per slot over all mamba layers (buffers,
         fold copy, the two int32 cursors), plus the checkpoint bytes the
         ``checkpoint_dtype`` override adds (negative if it shrinks it) relative to
-        ``cache_params.mamba_cache_per_req``. ``num_layers`` defaults to
-        ``len(cache_params.layers)``. For the capacity solver hook."""
+        ``cache_params.mamba_cache_per_req``; with speculative decoding the
+        rings sized for the verify window and the conv windows per draft token
+        (allocated per running request, charged per slot: a bound, as the
+        solver sizes no separate spec scratch for this pool). ``num_layers``
+        defaults to ``len(cache_params.layers)``. For the capacity solver hook."""
         config = (config or cls.replay_config or ReplayConfig.from_env()).validate()
         family = detect_family(cache_params, family or cls.replay_family)
         layers = len(cache_params.layers) if num_layers is None else num_layers
@@ -237,6 +240,10 @@ class ReplayMambaPool(MambaPool):
             for shape, dtype in _buffer_specs(family, cache_params, config, cap, ckpt).values())
         numel_t = torch.Size(cache_params.shape.temporal).numel()
         per_layer += numel_t * (ckpt.itemsize - cache_params.dtype.temporal.itemsize)
+        if speculative_num_draft_tokens:
+            conv_numel = sum(torch.Size(shape).numel() for shape in cache_params.shape.conv)
+            per_layer += (speculative_num_draft_tokens * conv_numel
+                          * cache_params.dtype.conv.itemsize)
         return per_layer * layers + 2 * 4
 
     def __init__(self, *, size: int, spec_state_size: int, cache_params, mamba_layer_ids,

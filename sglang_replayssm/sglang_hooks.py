@@ -229,6 +229,17 @@ def prepare_launch(config: ReplayConfig, server_args) -> str:
 # --------------------------------------------------------------------------
 
 
+def _draft_tokens():
+    """Draft tokens per verify step of this server (None without speculative
+    decoding): what the capacity solver reads (kv_cache_configurator.py:1889)."""
+    from sglang.srt.runtime_context import get_spec
+
+    try:
+        return get_spec().speculative_num_draft_tokens
+    except ValueError:  # "config namespace 'spec' not published": no server (tests, tools)
+        return None
+
+
 def install_replay_hooks(config: ReplayConfig) -> None:
     """Install every serving hook of ReplaySSM (idempotent):
 
@@ -241,7 +252,14 @@ def install_replay_hooks(config: ReplayConfig) -> None:
       at import; ``MambaMixer2.forward`` (:739-752) calls it for decode rows;
     * srt/configs/mamba_utils.py:116 ``mamba_cache_per_req`` is what the
       capacity solver (srt/mem_cache/kv_cache_configurator.py:1839) charges
-      per slot: add the buffers, fold copy and cursors;
+      per slot: add the buffers, fold copy and cursors, and with speculative
+      decoding the conv windows per draft token;
+    * srt/mem_cache/kv_cache_configurator.py:1816 ``_handle_max_mamba_cache``
+      with speculative decoding on reserves SGLang's per-draft state scratch
+      (:1885-1893 and :1926-1947, ``mamba_cache_per_req`` x drafts per running
+      request), which this pool never allocates: the solver runs with the
+      algorithm hidden (:1842), so it sizes the pool as without speculative
+      decoding, from the per-slot bytes above;
     * srt/layers/attention/hybrid_linear_attn_backend.py:1183
       ``HybridLinearAttnBackend.update_mamba_state_after_mtp_verify``, which
       the speculative workers' commit reaches (speculative/spec_utils.py:1016,
@@ -255,7 +273,9 @@ def install_replay_hooks(config: ReplayConfig) -> None:
     from sglang.srt.layers.attention import hybrid_linear_attn_backend
     from sglang.srt.layers.attention.linear import gdn_backend
     from sglang.srt.layers.attention.mamba import mamba as mamba_module
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     from sglang_replayssm import backends
     from sglang_replayssm.pool import ReplayMambaPool
@@ -273,9 +293,25 @@ def install_replay_hooks(config: ReplayConfig) -> None:
     stock_per_req = BaseLinearStateParams.__dict__["mamba_cache_per_req"]
 
     def mamba_cache_per_req(self) -> int:
-        return stock_per_req.fget(self) + pool_cls.extra_bytes_per_slot(self)
+        return stock_per_req.fget(self) + pool_cls.extra_bytes_per_slot(
+            self, speculative_num_draft_tokens=_draft_tokens())
 
     _patch(BaseLinearStateParams, "mamba_cache_per_req", property(mamba_cache_per_req))
+
+    configurator = KVCacheConfigurator
+    stock_solve = configurator.__dict__["_handle_max_mamba_cache"]
+
+    def _handle_max_mamba_cache(self, total_rest_memory):
+        algorithm = self.spec_algorithm
+        if algorithm.is_none():
+            return stock_solve(self, total_rest_memory)
+        self.spec_algorithm = SpeculativeAlgorithm.NONE
+        try:
+            return stock_solve(self, total_rest_memory)
+        finally:
+            self.spec_algorithm = algorithm
+
+    _patch(configurator, "_handle_max_mamba_cache", _handle_max_mamba_cache)
 
     hybrid = hybrid_linear_attn_backend.HybridLinearAttnBackend
     stock_commit = hybrid.__dict__["update_mamba_state_after_mtp_verify"]

@@ -195,3 +195,48 @@ def test_register_enabled_installs_and_uninstall_restores(hooks, monkeypatch):
     assert HybridReqToTokenPool.mamba_pool_cls is MambaPool
     assert mamba_module.selective_state_update is stock_ssu
     assert params.mamba_cache_per_req == stock_bytes
+
+
+def test_capacity_solver_with_speculative_decoding(hooks, monkeypatch):
+    """With speculative decoding the solver charges, per slot, the rings
+    sized for the verify window and the conv windows per draft token, and
+    runs as without speculative decoding (it would reserve SGLang's per-draft
+    state scratch, which this pool does not allocate); without it, as stock.
+    The commit after a verify is ours for a ReplaySSM backend, stock's
+    otherwise."""
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    seen = []
+    monkeypatch.setattr(KVCacheConfigurator, "_handle_max_mamba_cache",
+                        lambda self, rest: seen.append(self.spec_algorithm) or rest - 1)
+    commits = []
+    monkeypatch.setattr(HybridLinearAttnBackend, "update_mamba_state_after_mtp_verify",
+                        lambda self, *a, **k: commits.append(a))
+    params = Mamba2CacheParams(
+        shape=Mamba2StateShape.create(tp_world_size=1, intermediate_size=16 * 8, n_groups=2,
+                                      num_heads=16, head_dim=8, state_size=16, conv_kernel=4),
+        layers=[0, 2])
+    stock_bytes = params.mamba_cache_per_req
+    ReplayConfig(enabled=True, buffer_len=8).to_env()
+    monkeypatch.setenv(ENV_PREFIX + "FAMILY", "mamba2")
+    monkeypatch.setattr(sglang_hooks, "_draft_tokens", lambda: 4)
+    plugin.register()
+    # per layer: rings of 8 - 1 + 4 = 11 entries (x 16 x 11 x 8 bf16, B 2 x 11 x 16
+    # bf16, dt 16 x 11 fp32) + 4 conv windows (conv dim 16*8 + 2*2*16 = 192, 3 wide, bf16)
+    per_layer = 16 * 11 * 8 * 2 + 2 * 11 * 16 * 2 + 16 * 11 * 4 + 4 * 192 * 3 * 2
+    assert params.mamba_cache_per_req == stock_bytes + 2 * per_layer + 8
+    solver = types.SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.NGRAM)
+    assert KVCacheConfigurator._handle_max_mamba_cache(solver, 10.0) == 9.0
+    assert seen == [SpeculativeAlgorithm.NONE]
+    assert solver.spec_algorithm == SpeculativeAlgorithm.NGRAM
+    plain = types.SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.NONE)
+    KVCacheConfigurator._handle_max_mamba_cache(plain, 10.0)
+    assert seen[-1] == SpeculativeAlgorithm.NONE
+    # the commit: a stock linear backend gets stock's
+    hybrid = types.SimpleNamespace(linear_attn_backend=types.SimpleNamespace())
+    HybridLinearAttnBackend.update_mamba_state_after_mtp_verify(
+        hybrid, "last", None, None, "model", None)
+    assert commits == [("last", None, None, "model", None)]
