@@ -519,6 +519,39 @@ class _OutProjStandIn(torch.nn.Module):
         return x, None
 
 
+def close_to_scale(got, want, rel=5e-2):
+    """Equal to ``rel`` of the outputs' scale: the bf16 buffer's rounding of
+    x and B moves a few outputs by up to ~2% of it here, while a state that
+    misses or counts one token moves them by their own order (10x)."""
+    torch.testing.assert_close(got, want, rtol=rel, atol=rel * float(want.abs().max()))
+
+
+def stock_mixer(params, hidden, seed):
+    """SGLang's MambaMixer2 with weights under which the state matters: at
+    the dummy init's trained-model scale a token's state term is ~1e-4 of
+    its skip term at this hidden size, below the tolerance of a bf16 buffer,
+    so a wrong state would pass. Here the skip is off (D = 0), the input
+    projection 10x and the step dt ~ 0.3-1, so the outputs are the state's."""
+    from sglang.srt.layers.attention.mamba import mamba as mamba_module
+    from sglang.srt.runtime_context import get_parallel
+
+    from sglang_replayssm.dummy_init import scaled_dummy_weights
+
+    with get_parallel().override(attn_tp_size=1, tp_size=1, tp_rank=0):
+        mixer = mamba_module.MambaMixer2(
+            cache_params=params, hidden_size=hidden, use_conv_bias=True, use_bias=False,
+            n_groups=M2["G"], prefix=f"layers.{seed}.mixer")
+    scaled_dummy_weights(mixer, seed=seed)
+    with torch.no_grad():
+        mixer.in_proj.weight.mul_(10.0)
+        mixer.D.zero_()
+        g = torch.Generator().manual_seed(seed)
+        mixer.dt_bias.copy_(torch.rand(mixer.dt_bias.shape, generator=g) * 0.8)
+        mixer.A.copy_(-(torch.rand(mixer.A.shape, generator=g) * 1.5 + 0.1))
+    mixer.out_proj = _OutProjStandIn()
+    return mixer
+
+
 @PADDED_ROW_GARBAGE
 @pytest.mark.parametrize("route", ["auto", "split"])
 def test_mamba2_decode_through_the_stock_mixer(monkeypatch, ssu_hook, route):
@@ -528,10 +561,6 @@ def test_mamba2_decode_through_the_stock_mixer(monkeypatch, ssu_hook, route):
     recurrence as its selective_state_update."""
     from sglang.kernels.ops.mamba import causal_conv1d_triton
     from sglang.srt.layers.attention.mamba import mamba as mamba_module
-    from sglang.srt.runtime_context import get_parallel
-
-    from sglang_replayssm.dummy_init import scaled_dummy_weights
-
     # mamba.py binds the Triton conv only when CUDA is present
     monkeypatch.setattr(mamba_module, "causal_conv1d_update_triton",
                         causal_conv1d_triton.causal_conv1d_update, raising=False)
@@ -549,15 +578,7 @@ def test_mamba2_decode_through_the_stock_mixer(monkeypatch, ssu_hook, route):
                 conv_dtype=torch.float32)
     params = mamba2_params()
     hidden = 32
-    mixers = {}
-    with get_parallel().override(attn_tp_size=1, tp_size=1, tp_rank=0):
-        for lid in LAYERS:
-            mixer = mamba_module.MambaMixer2(
-                cache_params=params, hidden_size=hidden, use_conv_bias=True,
-                use_bias=False, n_groups=M2["G"], prefix=f"layers.{lid}.mixer")
-            scaled_dummy_weights(mixer, seed=lid)
-            mixer.out_proj = _OutProjStandIn()
-            mixers[lid] = mixer
+    mixers = {lid: stock_mixer(params, hidden, lid) for lid in LAYERS}
     rids = ["a", "b"]
     for rid in rids:
         h.admit(rid)
@@ -583,7 +604,7 @@ def test_mamba2_decode_through_the_stock_mixer(monkeypatch, ssu_hook, route):
                 want, _ = mixers[lid].forward(hidden_states=hs, layer_cache=stock_cache,
                                               metadata=md, use_triton_causal_conv=True)
                 live = [i for i, r in enumerate(rows) if r is not None]
-                torch.testing.assert_close(got[live], want[live], rtol=3e-2, atol=3e-2)
+                close_to_scale(got[live], want[live])
     assert [h.fill(r) for r in rids] == [(2 * L + 1) % L] * 2
     # the checkpoint equals the stock state right after a flush of every row
     for i, lid in enumerate(LAYERS):
@@ -732,3 +753,206 @@ def test_speculative_verify_and_commit(monkeypatch, ssu_hook, gdn_stock_bodies, 
         accepted += acc
         flushed += sum(f + T >= L_SPEC for f in fills)
     assert flushed >= 4 and set(accepted) == {1, 2, 3}
+
+
+def _sglang_tree(parents):
+    """SGLang's links of a draft tree with one root (parents[0] = -1):
+    retrieve_next_token[i] = i's first child, retrieve_next_sibling[i] = the
+    next child of i's parent (-1 = none), as EAGLE builds them."""
+    T = len(parents)
+    nxt, sib = [-1] * T, [-1] * T
+    for j in range(1, T):
+        p = parents[j]
+        if nxt[p] < 0:
+            nxt[p] = j
+        else:
+            k = nxt[p]
+            while sib[k] >= 0:
+                k = sib[k]
+            sib[k] = j
+    return nxt, sib
+
+
+@PADDED_ROW_GARBAGE
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_mamba2_verify_through_the_stock_mixer(monkeypatch, ssu_hook, tree):
+    """SGLang's own MambaMixer2.forward in TARGET_VERIFY (its causal conv
+    with the per-draft conv windows and, for a tree, the parents it derives
+    from retrieve_next_token / retrieve_next_sibling; its verify call of
+    selective_state_update) run by ReplayMamba2AttnBackend, then the commit
+    SGLang's speculative worker reaches, over verify steps with random
+    acceptance: each draft's output against the same mixer decoding the
+    draft's path one token at a time from the committed conv and SSM state
+    (float64 stock recurrence), which the commit's conv rollback and cursor
+    move must reproduce at the next verify."""
+    from draft_trees import path_to
+    from sglang.kernels.ops.mamba import causal_conv1d_triton, mamba_state_scatter_triton
+    from sglang.srt.layers.attention.mamba import mamba as mamba_module
+
+    monkeypatch.setattr(mamba_module, "causal_conv1d_update_triton",
+                        causal_conv1d_triton.causal_conv1d_update, raising=False)
+    monkeypatch.setattr(mamba_state_scatter_triton, "fused_conv_window_scatter_with_mask",
+                        _conv_window_scatter)
+
+    def stock_ssu(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                  state_batch_indices=None, pad_slot_id=-1, out=None, **kw):
+        y = reference.selective_state_update_ref(state, x, dt, A, B, C, D, z, dt_bias,
+                                                 dt_softplus, state_batch_indices)
+        out.copy_(y.to(out.dtype))
+
+    monkeypatch.setattr(backends, "_STOCK_SSU", stock_ssu)
+    T = 3
+    h = Harness(monkeypatch, "mamba2", ReplayConfig(buffer_len=L_SPEC), seed=13,
+                conv_dtype=torch.float32, drafts=T, topk=2 if tree else None)
+    params = mamba2_params()
+    hidden = 32
+    mixers = {lid: stock_mixer(params, hidden, lid) for lid in LAYERS}
+    rids = ["a", "b"]
+    for rid in rids:
+        h.admit(rid)
+    c = h.pool.mamba_cache
+    # the committed (conv, ssm) state of each request and layer, decoded by the stock mixer
+    ref = {(rid, lid): (torch.zeros(1, *c.conv[0].shape[2:]), torch.zeros(1, *c.temporal.shape[2:]))
+           for rid in rids for lid in LAYERS}
+
+    def decode(lid, conv, ssm, hs):
+        """One stock decode step of one request on (conv, ssm), in place."""
+        md = SimpleNamespace(mamba_cache_indices=torch.zeros(1, dtype=torch.int32),
+                             query_start_loc=torch.arange(2, dtype=torch.int32), num_prefills=0,
+                             num_decodes=1, num_prefill_tokens=0, is_target_verify=False,
+                             draft_token_num=1, has_mamba_track_mask=False, mixed_metadata=None)
+        out, _ = mixers[lid].forward(hidden_states=hs[None], layer_cache=SimpleNamespace(
+            conv=[conv], temporal=ssm, intermediate_ssm=None), metadata=md,
+            use_triton_causal_conv=True)
+        return out[0]
+
+    g = torch.Generator().manual_seed(13)
+    fb = SimpleNamespace(mamba_track_mask=None)
+    flushed = 0
+    for step in range(5):
+        rows = ["a", "b", None] if step % 2 else ["b", "a", None]
+        n = len(rows)
+        trees = []
+        for _ in rows:
+            trees.append([-1] + [int(torch.randint(0, j, (1,), generator=g)) if tree else j - 1
+                                 for j in range(1, T)])
+        links = [_sglang_tree(p) for p in trees]
+        md = SimpleNamespace(
+            mamba_cache_indices=torch.tensor([h.slot(r) for r in rows], dtype=torch.int32),
+            query_start_loc=torch.arange(0, n * T + 1, T, dtype=torch.int32), num_prefills=0,
+            num_decodes=n, num_prefill_tokens=0, is_target_verify=True, draft_token_num=T,
+            has_mamba_track_mask=False, mixed_metadata=None,
+            retrieve_next_token=torch.tensor([l[0] for l in links]) if tree else None,
+            retrieve_next_sibling=torch.tensor([l[1] for l in links]) if tree else None,
+            retrieve_parent_token=torch.full((n, T), 99, dtype=torch.int64) if tree else None)
+        h.be.forward_metadata = md
+        hs = {lid: bf16(n * T, hidden, g=g) for lid in LAYERS}
+        with torch.no_grad():
+            for lid in LAYERS:
+                got = h.be.forward(mixers[lid], hs[lid], None, lid, fb, use_triton_causal_conv=True)
+                for i, rid in enumerate(rows):
+                    if rid is None:
+                        continue
+                    for j in range(T):
+                        conv, ssm = (t.clone() for t in ref[(rid, lid)])
+                        for k in path_to(trees[i], j):
+                            want = decode(lid, conv, ssm, hs[lid][i * T + k])
+                        close_to_scale(got[i * T + j], want)
+            live = [i for i, r in enumerate(rows) if r is not None]
+            last = torch.randint(0, T, (len(live),), generator=g)
+            flushed += sum(h.fill(rows[i]) + T >= L_SPEC for i in live)
+            assert backends.commit_after_verify(h.be, last)
+            for i in live:
+                for lid in LAYERS:
+                    conv, ssm = ref[(rows[i], lid)]
+                    for k in path_to(trees[i], int(last[i])):
+                        decode(lid, conv, ssm, hs[lid][i * T + k])
+                    # the conv rollback: the window after the last accepted draft
+                    lay = LAYERS.index(lid)
+                    torch.testing.assert_close(c.conv[0][lay, h.slot(rows[i])], conv[0],
+                                               rtol=1e-6, atol=1e-6)
+    assert flushed >= 2
+
+
+@PADDED_ROW_GARBAGE
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_gdn_verify_through_the_stock_conv(monkeypatch, tree):
+    """ReplayGDNAttnBackend's verify with SGLang's Triton causal conv (the
+    per-draft conv windows, a tree's parents derived from its links), then
+    the commit, over verify steps with random acceptance: each draft's output
+    against the stock conv and the float64 packed-decode recurrence run
+    token by token along the draft's path from the committed state."""
+    from draft_trees import path_to
+    from sglang.kernels.ops.mamba import mamba_state_scatter_triton
+    from sglang.kernels.ops.mamba.causal_conv1d_triton import causal_conv1d_update
+    from sglang.srt.layers.attention.linear import gdn_backend
+
+    monkeypatch.setattr(gdn_backend, "causal_conv1d_update", causal_conv1d_update)
+    monkeypatch.setattr(mamba_state_scatter_triton, "fused_conv_window_scatter_with_mask",
+                        _conv_window_scatter)
+    Hk, K, HV, V = GDN["Hk"], GDN["K"], GDN["HV"], GDN["V"]
+    dim = 2 * Hk * K + HV * V
+    T = 3
+    g = torch.Generator().manual_seed(17)
+    h = Harness(monkeypatch, "gdn", ReplayConfig(buffer_len=L_SPEC), seed=17,
+                conv_dtype=torch.float32, drafts=T, topk=2 if tree else None)
+    h.be.verify_intermediate_state_indices = torch.arange(SLOTS + 1, dtype=torch.int32)
+    for lid in LAYERS:
+        lay = h.layers[lid]
+        lay.conv_weights = torch.randn(dim, 4, generator=g) * 0.5
+        lay.bias = torch.randn(dim, generator=g) * 0.1
+    rids = ["a", "b"]
+    for rid in rids:
+        h.admit(rid)
+    conv_truth = {(rid, lid): torch.zeros(1, dim, 3) for rid in rids for lid in LAYERS}
+
+    def step_ref(rid, lid, conv, state, qkv, a, b):
+        lay = h.layers[lid]
+        post = causal_conv1d_update(qkv[None].clone(), conv, lay.conv_weights, lay.bias, "silu",
+                                    conv_state_indices=torch.zeros(1, dtype=torch.int32))
+        return _gdn_ref(state, lay, {"qkv": post[0], "a": a, "b": b})
+
+    fb = SimpleNamespace(mamba_track_mask=None, spec_info=SimpleNamespace(draft_token_num=T),
+                         forward_mode=SimpleNamespace(is_target_verify=lambda: True))
+    flushed = 0
+    for step in range(5):
+        rows = ["a", "b", None] if step % 2 else ["b", "a", None]
+        n = len(rows)
+        trees = [[-1] + [int(torch.randint(0, j, (1,), generator=g)) if tree else j - 1
+                         for j in range(1, T)] for _ in rows]
+        links = [_sglang_tree(p) for p in trees]
+        h.be.forward_metadata = SimpleNamespace(
+            mamba_cache_indices=torch.tensor([h.slot(r) for r in rows], dtype=torch.int32),
+            retrieve_next_token=torch.tensor([l[0] for l in links]) if tree else None,
+            retrieve_next_sibling=torch.tensor([l[1] for l in links]) if tree else None,
+            retrieve_parent_token=torch.full((n, T), 99, dtype=torch.int64) if tree else None)
+        inp = {lid: (bf16(n * T, dim, g=g), bf16(n * T, HV, g=g), bf16(n * T, HV, g=g))
+               for lid in LAYERS}
+        for lid in LAYERS:
+            qkv, a, b = inp[lid]
+            got = h.be.forward_extend(h.layers[lid], fb, qkv.clone(), a, b)[0]
+            for i, rid in enumerate(rows):
+                if rid is None:
+                    continue
+                for j in range(T):
+                    conv, state = conv_truth[(rid, lid)].clone(), h.truth.h[(rid, lid)].clone()
+                    for k in path_to(trees[i], j):
+                        r = i * T + k
+                        want = step_ref(rid, lid, conv, state, qkv[r], a[r], b[r])
+                    torch.testing.assert_close(got[i * T + j].double(), want, **TOL)
+        live = [i for i, r in enumerate(rows) if r is not None]
+        last = torch.randint(0, T, (len(live),), generator=g)
+        flushed += sum(h.fill(rows[i]) + T >= L_SPEC for i in live)
+        assert backends.commit_after_verify(h.be, last)
+        for i in live:
+            rid = rows[i]
+            for lid in LAYERS:
+                qkv, a, b = inp[lid]
+                for k in path_to(trees[i], int(last[i])):
+                    r = i * T + k
+                    step_ref(rid, lid, conv_truth[(rid, lid)], h.truth.h[(rid, lid)],
+                             qkv[r], a[r], b[r])
+                torch.testing.assert_close(
+                    h.pool.mamba_cache.conv[0][LAYERS.index(lid), h.slot(rid)],
+                    conv_truth[(rid, lid)][0], rtol=1e-6, atol=1e-6)
+    assert flushed >= 2
