@@ -92,6 +92,8 @@ ROUTES = ("output_only", "split")
 SPLIT_ROUTES = ("split",)
 # "auto" takes the split route from this decode batch on (see default_route)
 SPLIT_MIN_BATCH = 8
+# ... and for a verify from this batch on (the one batch measured so far)
+VERIFY_SPLIT_MIN_BATCH = 256
 
 
 @triton.jit
@@ -783,8 +785,14 @@ def default_route(batch: int, state_dtype: torch.dtype, mode: int = MODE_DECODE)
     (kernels_gdn_fold.md) 7.8 vs 11.5, 25.9 vs 22.1, 137.3 vs 73.9, 491.9 vs 237.6).
     The split route's three launches cost ~5 us more than one fused launch at
     batch 1 and win from batch 8 on, once the checkpoint read dominates.
-    Verify keeps the fused kernel: its split route is not timed yet
-    (benchmarks/NOTES.md, 2026-12-07 eighteenth); flush has only the fused kernel."""
+    Verify (H100, benchmarks/results/kernels_verify_h100.md, fp32, L=16, 2
+    accepted; fused vs split vs SGLang's snapshotting verify, us per step and
+    layer): chain of 4 at batch 256 1782.0 vs 1282.7 vs 1324.4, tree of 8
+    4845.0 vs 3380.6 vs 2541.4; split from batch 256, the one batch timed so
+    far (smaller batches keep the fused kernel until measured). Flush has
+    only the fused kernel."""
+    if mode == MODE_VERIFY:
+        return "split" if batch >= VERIFY_SPLIT_MIN_BATCH else "output_only"
     if mode != MODE_DECODE or batch < SPLIT_MIN_BATCH:
         return "output_only"
     return "split"
@@ -1134,7 +1142,8 @@ def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
     :func:`~sglang_replayssm.kernels.projection.project_state` of every
     draft's raw q and k (fp32 scratch [b, T, 2, HV, V]), (B) the fused kernel
     without the checkpoint, (C) a flush launch for the rows the window fills
-    (``config``: (B)'s LaunchConfig); "auto" is "output_only".
+    (``config``: (B)'s LaunchConfig); "auto": :func:`default_route` (split
+    from batch 256).
     """
     if mixed_qkv.dim() != 3:
         raise ValueError(f"verify expects mixed_qkv [batch, T, dim], got {tuple(mixed_qkv.shape)}")

@@ -934,8 +934,9 @@ def test_decode_matches_sglang_stock_kernel():
 
 
 def test_auto_route_follows_the_measured_crossover():
-    """"auto": the fused kernel below SPLIT_MIN_BATCH and for verify/flush at
-    any batch (the split route implements decode only), split from it on."""
+    """"auto": decode takes the fused kernel below SPLIT_MIN_BATCH, split from
+    it on; a GDN verify split from VERIFY_SPLIT_MIN_BATCH (Mamba-2's verify
+    split route is not timed yet); flush only the fused kernel."""
     from sglang_replayssm.kernels import gdn_replay
 
     for mod in (m2, gdn_replay):
@@ -943,8 +944,12 @@ def test_auto_route_follows_the_measured_crossover():
             assert mod.default_route(1, dt) == "output_only"
             assert mod.default_route(mod.SPLIT_MIN_BATCH - 1, dt) == "output_only"
             assert mod.default_route(mod.SPLIT_MIN_BATCH, dt) == "split"
-            assert mod.default_route(256, dt, MODE_VERIFY) == "output_only"
             assert mod.default_route(256, dt, MODE_FLUSH) == "output_only"
+    v = gdn_replay.VERIFY_SPLIT_MIN_BATCH
+    for dt in (torch.float32, torch.bfloat16):
+        assert m2.default_route(256, dt, MODE_VERIFY) == "output_only"
+        assert gdn_replay.default_route(v - 1, dt, MODE_VERIFY) == "output_only"
+        assert gdn_replay.default_route(v, dt, MODE_VERIFY) == "split"
 
 
 @pytest.mark.gpu
