@@ -47,7 +47,7 @@ MODE_VERIFY = 1
 MODE_FLUSH = 2
 
 __all__ = ["MODE_DECODE", "MODE_VERIFY", "MODE_FLUSH", "max_positions", "required_capacity", "commit",
-           "commit_ref", "flushes_ref", "accept_path", "accept_path_ref", "tree_path"]
+           "commit_ref", "flushes_ref", "accept_path", "accept_path_ref", "tree_path", "tree_path_ref"]
 
 
 def max_positions(buffer_len: int, window: int) -> int:
@@ -169,19 +169,8 @@ def commit(fill: torch.Tensor, origin: torch.Tensor, slots: torch.Tensor, *, mod
         capacity, WINDOW=window, MODE=mode, BLOCK=BLOCK, num_warps=4)
 
 
-def tree_path(parents: torch.Tensor, last: torch.Tensor):
-    """The accepted path of a tree verify from its last accepted draft.
-
-    parents: [batch, T] int32, the verify's ``parents`` (-1 = follows the
-             committed history)
-    last:    [batch] int, window index of each row's last accepted draft
-             (SGLang's ``last_correct_step_indices``); a padded row's value
-             only has to lie in [0, T)
-    Returns ``(path, accepted)`` as :func:`accept_path` takes them: path
-    [batch, T] int32 lists the window indices from the path's first draft
-    down to ``last`` (entries past ``accepted`` are 0), accepted [batch]
-    int32 is the path's length. T gathers on the device, no host sync (the
-    caller may run it while a CUDA graph's outputs are still in flight)."""
+def tree_path_ref(parents: torch.Tensor, last: torch.Tensor):
+    """PyTorch version of :func:`tree_path` (for tests)."""
     batch, T = parents.shape
     node = last.to(torch.int64).clamp(0, T - 1)
     ancestors = torch.empty((batch, T), dtype=torch.int64, device=parents.device)
@@ -194,6 +183,57 @@ def tree_path(parents: torch.Tensor, last: torch.Tensor):
     path = ancestors.gather(1, (accepted[:, None] - 1 - k).clamp(min=0))
     path = torch.where(k[None, :] < accepted[:, None], path, torch.zeros_like(path))
     return path.to(torch.int32).contiguous(), accepted.to(torch.int32)
+
+
+@triton.jit
+def _tree_path_kernel(parents_ptr, last_ptr, path_ptr, accepted_ptr, s_parents, s_path,
+                      T: tl.constexpr, BLOCK_T: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_T)
+    parents = tl.load(parents_ptr + row * s_parents + offs, mask=offs < T, other=-1)
+    node = tl.load(last_ptr + row).to(tl.int32)
+    node = tl.minimum(tl.maximum(node, 0), T - 1)
+    # from the last accepted draft up: parents come before their children,
+    # so one pass over the window in decreasing order meets every ancestor
+    on_path = tl.zeros([BLOCK_T], dtype=tl.int32)
+    for i in tl.static_range(T):
+        t = T - 1 - i
+        hit = node == t
+        on_path = tl.where((offs == t) & hit, 1, on_path)
+        node = tl.where(hit, tl.sum(tl.where(offs == t, parents, 0), axis=0), node)
+    # draft t's place on the path: the path's drafts before it
+    before = tl.sum(tl.where(offs[None, :] < offs[:, None], on_path[None, :], 0), axis=1)
+    take = (on_path[None, :] != 0) & (before[None, :] == offs[:, None])
+    path = tl.sum(tl.where(take, offs[None, :], 0), axis=1)
+    tl.store(path_ptr + row * s_path + offs, path, mask=offs < T)
+    tl.store(accepted_ptr + row, tl.sum(on_path, axis=0))
+
+
+def tree_path(parents: torch.Tensor, last: torch.Tensor):
+    """The accepted path of a tree verify from its last accepted draft.
+
+    parents: [batch, T] int32, contiguous in T: the verify's ``parents``
+             (-1 = follows the committed history)
+    last:    [batch] int, window index of each row's last accepted draft
+             (SGLang's ``last_correct_step_indices``; clamped into [0, T))
+    Returns ``(path, accepted)`` as :func:`accept_path` takes them: path
+    [batch, T] int32 lists the window indices from the path's first draft
+    down to ``last`` (entries past ``accepted`` are 0), accepted [batch]
+    int32 is the path's length. One launch, no host sync (the commit after
+    a verify runs it every step)."""
+    if parents.dtype != torch.int32 or parents.dim() != 2 or parents.stride(-1) != 1:
+        raise ValueError(f"parents must be int32 [batch, T] contiguous in T, got "
+                         f"{parents.dtype} {tuple(parents.shape)}")
+    batch, T = parents.shape
+    if last.shape != (batch,):
+        raise ValueError(f"last must be [batch={batch}], got {tuple(last.shape)}")
+    path = torch.empty((batch, T), dtype=torch.int32, device=parents.device)
+    accepted = torch.empty((batch,), dtype=torch.int32, device=parents.device)
+    if batch:
+        _tree_path_kernel[(batch,)](parents, last, path, accepted, parents.stride(0),
+                                    path.stride(0), T=T,
+                                    BLOCK_T=triton.next_power_of_2(max(T, 2)), num_warps=1)
+    return path, accepted
 
 
 def accept_path_ref(ring, fill, origin, slots, path, accepted, capacity):

@@ -84,8 +84,9 @@ def test_accept_path_moves_the_path_entries(device, stacked):
 
 
 def test_tree_path_follows_the_parents(device):
-    """tree_path against draft_trees.path_to on random trees (several trees
-    in one window, every draft as the last accepted one), and a chain."""
+    """tree_path (the kernel) and its PyTorch reference against
+    draft_trees.path_to on random trees (several trees in one window, every
+    draft as the last accepted one), and a chain."""
     from draft_trees import path_to
 
     gen = torch.Generator().manual_seed(29)
@@ -94,13 +95,16 @@ def test_tree_path_follows_the_parents(device):
     rows = [(tree, node) for tree in trees for node in range(T)]
     parents = torch.tensor([t for t, _ in rows], dtype=torch.int32)
     last = torch.tensor([n for _, n in rows])
-    path, accepted = cur.tree_path(parents.to(device), last.to(device))
-    assert path.dtype == accepted.dtype == torch.int32 and path.is_contiguous()
-    for r, (tree, node) in enumerate(rows):
-        want = path_to(tree, node)
-        assert int(accepted[r]) == len(want)
-        assert path[r].tolist() == want + [0] * (T - len(want))
-    chain = torch.tensor([[-1, 0, 1, 2]], dtype=torch.int32).expand(4, 4).contiguous()
-    path, accepted = cur.tree_path(chain.to(device), torch.arange(4).to(device))
-    assert accepted.tolist() == [1, 2, 3, 4]
-    assert path.tolist() == [[0, 0, 0, 0], [0, 1, 0, 0], [0, 1, 2, 0], [0, 1, 2, 3]]
+    for fn in (cur.tree_path, cur.tree_path_ref):
+        path, accepted = fn(parents.to(device), last.to(device))
+        assert path.dtype == accepted.dtype == torch.int32 and path.is_contiguous()
+        for r, (tree, node) in enumerate(rows):
+            want = path_to(tree, node)
+            assert int(accepted[r]) == len(want)
+            assert path[r].tolist() == want + [0] * (T - len(want))
+        chain = torch.tensor([[-1, 0, 1, 2]], dtype=torch.int32).expand(4, 4).contiguous()
+        path, accepted = fn(chain.to(device), torch.arange(4).to(device))
+        assert accepted.tolist() == [1, 2, 3, 4]
+        assert path.tolist() == [[0, 0, 0, 0], [0, 1, 0, 0], [0, 1, 2, 0], [0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="parents must be int32"):
+        cur.tree_path(parents.long().to(device), last.to(device))
