@@ -23,6 +23,7 @@
 #                 earlier call: bench_serving.py merge checks both saw the same prompts)
 #   spec[:M]      speculative decoding (NGRAM, 8 drafts) served, stock triton vs ours,
 #                 greedy tokens dumped (default M qwen3-next-80b-4layer)
+#   spec-fp32[:M] the same with fp32 activations and triton attention: greedy parity
 #   nemo / qwen   served bs 1/64/256, 1 warm-up + 2 measured runs: Nemotron-H-8B (flashinfer, ours, triton),
 #                 Qwen3-Next-80B (triton, ours, SGLang's replay); nemo:A,B / qwen:A,B
 #                 runs only those arms (three 80B-class arms may not fit one call)
@@ -47,6 +48,9 @@ serve() {
   timeout -k 10 "$l" python3 scripts/bench_serving.py run --model-root .model \
     --partial-dir "$OUT" --log-dir "$OUT" "$@" 2>&1 | tail -25
 }
+# speculative decoding of the spec steps: NGRAM needs no draft model; 8 drafts
+# in a tree (SGLang's default breadth 10), under --replayssm-buffer-len 16
+NGRAM="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8 --max-running-requests 64"
 for step in "$@"; do
   l=$(( BUDGET - ($(date +%s) - T0) ))
   [ "$l" -gt 30 ] || { echo "[steps] no time left for $step"; break; }
@@ -102,7 +106,13 @@ for step in "$@"; do
       model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
       serve --model "$model" --arms stock-triton replayssm --parity --dummy-init scaled \
         --batch-sizes 1 16 --output-len 64 --warmup-runs 0 --health-timeout 240 \
-        --server-args "--speculative-algorithm NGRAM --speculative-num-draft-tokens 8 --max-running-requests 64 --cuda-graph-max-bs-decode 64" ;;
+        --server-args "$NGRAM --cuda-graph-max-bs-decode 64" ;;
+    spec-fp32|spec-fp32:*) # the same with fp32 activations (greedy parity), but
+      # triton attention: torch_native has no speculative verify
+      model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
+      serve --model "$model" --arms stock-triton replayssm --parity --dummy-init scaled \
+        --fp32-activations --batch-sizes 1 --output-len 16 --warmup-runs 0 \
+        --health-timeout 200 --server-args "$NGRAM --attention-backend triton" ;;
     nemo|nemo:*|qwen|qwen:*)
       case $step in
         nemo*) model=nemotron-h-8b; arms="stock-flashinfer replayssm stock-triton"; h=280 ;;
