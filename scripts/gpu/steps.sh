@@ -24,6 +24,7 @@
 #   spec[:M]      speculative decoding (NGRAM, 8 drafts) served, stock triton vs ours,
 #                 greedy tokens dumped (default M qwen3-next-80b-4layer)
 #   spec-fp32[:M] the same with fp32 activations and triton attention: greedy parity
+#   spec-nextn[:M] NEXTN (an MTP draft, dummy weights), a chain of 4 drafts
 #   nemo / qwen   served bs 1/64/256, 1 warm-up + 2 measured runs: Nemotron-H-8B (flashinfer, ours, triton),
 #                 Qwen3-Next-80B (triton, ours, SGLang's replay); nemo:A,B / qwen:A,B
 #                 runs only those arms (three 80B-class arms may not fit one call)
@@ -107,6 +108,13 @@ for step in "$@"; do
       serve --model "$model" --arms stock-triton replayssm --parity --dummy-init scaled \
         --batch-sizes 1 16 --output-len 64 --warmup-runs 0 --health-timeout 240 \
         --server-args "$NGRAM --cuda-graph-max-bs-decode 64" ;;
+    spec-nextn|spec-nextn:*) # the same with NEXTN: a draft model (the MTP layer
+      # SGLang derives from the config, dummy weights), a chain of 4 (SGLang's
+      # deduplicated conv windows, unlike NGRAM's tree)
+      model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
+      serve --model "$model" --arms stock-triton replayssm --parity --dummy-init scaled \
+        --batch-sizes 1 16 --output-len 64 --warmup-runs 0 --health-timeout 300 \
+        --server-args "--speculative-algorithm NEXTN --speculative-draft-model-path $ROOT/.model/$model-dummy --speculative-draft-load-format dummy --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --max-running-requests 64 --cuda-graph-max-bs-decode 64" ;;
     spec-fp32|spec-fp32:*) # the same with fp32 activations (greedy parity), but
       # triton attention: torch_native has no speculative verify
       model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
