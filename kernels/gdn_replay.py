@@ -60,7 +60,7 @@ the default: measured slower for GDN, see ``default_config``) there is no
 (B) either: ``_gdn_ring_weights_kernel`` (W) runs first, one program per
 (row, k-head), and (A) finishes o_t and u_t from its weights.
 
-Verify has a split route too (``route="split"``, not the default: untimed):
+Verify has a split route too (``route="split"``; "auto" from batch 256, timed there):
 (A) :func:`~sglang_replayssm.kernels.projection.project_state` of every
 draft's raw q and k (a [b, T, 2, H, K] view of mixed_qkv), a plain
 streaming read of the checkpoint; (B) the fused kernel with ``PROJECTED``,

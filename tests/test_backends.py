@@ -519,6 +519,26 @@ class _OutProjStandIn(torch.nn.Module):
         return x, None
 
 
+@pytest.fixture
+def stock_mixer_hooks(monkeypatch, ssu_hook):
+    """SGLang's MambaMixer2 runnable on CPU: its Triton causal conv bound
+    (mamba.py binds it only when CUDA is present), and outside ReplaySSM
+    layers the float64 stock recurrence as selective_state_update."""
+    from sglang.kernels.ops.mamba import causal_conv1d_triton
+    from sglang.srt.layers.attention.mamba import mamba as mamba_module
+
+    monkeypatch.setattr(mamba_module, "causal_conv1d_update_triton",
+                        causal_conv1d_triton.causal_conv1d_update, raising=False)
+
+    def stock_ssu(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
+                  state_batch_indices=None, pad_slot_id=-1, out=None, **kw):
+        y = reference.selective_state_update_ref(state, x, dt, A, B, C, D, z, dt_bias,
+                                                 dt_softplus, state_batch_indices)
+        out.copy_(y.to(out.dtype))
+
+    monkeypatch.setattr(backends, "_STOCK_SSU", stock_ssu)
+
+
 def close_to_scale(got, want, rel=5e-2):
     """Equal to ``rel`` of the outputs' scale: the bf16 buffer's rounding of
     x and B moves a few outputs by up to ~2% of it here, while a state that
@@ -554,24 +574,11 @@ def stock_mixer(params, hidden, seed):
 
 @PADDED_ROW_GARBAGE
 @pytest.mark.parametrize("route", ["auto", "split"])
-def test_mamba2_decode_through_the_stock_mixer(monkeypatch, ssu_hook, route):
+def test_mamba2_decode_through_the_stock_mixer(monkeypatch, stock_mixer_hooks, route):
     """SGLang's own MambaMixer2.forward (in_proj, causal conv, the decode call
     of selective_state_update, gated RMS norm) run by ReplayMamba2AttnBackend,
     against the same mixer on a copy of the state with the float64 stock
     recurrence as its selective_state_update."""
-    from sglang.kernels.ops.mamba import causal_conv1d_triton
-    from sglang.srt.layers.attention.mamba import mamba as mamba_module
-    # mamba.py binds the Triton conv only when CUDA is present
-    monkeypatch.setattr(mamba_module, "causal_conv1d_update_triton",
-                        causal_conv1d_triton.causal_conv1d_update, raising=False)
-
-    def stock_ssu(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                  state_batch_indices=None, pad_slot_id=-1, out=None, **kw):
-        y = reference.selective_state_update_ref(state, x, dt, A, B, C, D, z, dt_bias,
-                                                 dt_softplus, state_batch_indices)
-        out.copy_(y.to(out.dtype))
-
-    monkeypatch.setattr(backends, "_STOCK_SSU", stock_ssu)
     # fp32 activations and conv state: the Triton interpreter garbles bf16 in
     # SGLang's causal conv (the buffer's bf16 x/B rounding then sets the tolerance)
     h = Harness(monkeypatch, "mamba2", ReplayConfig(buffer_len=L, decode_route=route), seed=6,
@@ -775,7 +782,7 @@ def _sglang_tree(parents):
 
 @PADDED_ROW_GARBAGE
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_mamba2_verify_through_the_stock_mixer(monkeypatch, ssu_hook, tree):
+def test_mamba2_verify_through_the_stock_mixer(monkeypatch, stock_mixer_hooks, tree):
     """SGLang's own MambaMixer2.forward in TARGET_VERIFY (its causal conv
     with the per-draft conv windows and, for a tree, the parents it derives
     from retrieve_next_token / retrieve_next_sibling; its verify call of
@@ -786,21 +793,10 @@ def test_mamba2_verify_through_the_stock_mixer(monkeypatch, ssu_hook, tree):
     (float64 stock recurrence), which the commit's conv rollback and cursor
     move must reproduce at the next verify."""
     from draft_trees import path_to
-    from sglang.kernels.ops.mamba import causal_conv1d_triton, mamba_state_scatter_triton
-    from sglang.srt.layers.attention.mamba import mamba as mamba_module
+    from sglang.kernels.ops.mamba import mamba_state_scatter_triton
 
-    monkeypatch.setattr(mamba_module, "causal_conv1d_update_triton",
-                        causal_conv1d_triton.causal_conv1d_update, raising=False)
     monkeypatch.setattr(mamba_state_scatter_triton, "fused_conv_window_scatter_with_mask",
                         _conv_window_scatter)
-
-    def stock_ssu(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                  state_batch_indices=None, pad_slot_id=-1, out=None, **kw):
-        y = reference.selective_state_update_ref(state, x, dt, A, B, C, D, z, dt_bias,
-                                                 dt_softplus, state_batch_indices)
-        out.copy_(y.to(out.dtype))
-
-    monkeypatch.setattr(backends, "_STOCK_SSU", stock_ssu)
     T = 3
     h = Harness(monkeypatch, "mamba2", ReplayConfig(buffer_len=L_SPEC), seed=13,
                 conv_dtype=torch.float32, drafts=T, topk=2 if tree else None)

@@ -159,11 +159,27 @@ def test_server_args_validation_accepts_speculative(algorithm):
                                               server_args)
 
 
+def _register_mamba2(monkeypatch):
+    """register() in a scheduler process of a Mamba-2 model (buffer 8);
+    returns a cache-params object of that model (2 layers, 16 heads x 8,
+    2 groups, state 16) and its stock bytes per slot, taken before."""
+    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
+
+    params = Mamba2CacheParams(
+        shape=Mamba2StateShape.create(tp_world_size=1, intermediate_size=16 * 8, n_groups=2,
+                                      num_heads=16, head_dim=8, state_size=16, conv_kernel=4),
+        layers=[0, 2])
+    stock_bytes = params.mamba_cache_per_req
+    ReplayConfig(enabled=True, buffer_len=8).to_env()
+    monkeypatch.setenv(ENV_PREFIX + "FAMILY", "mamba2")
+    plugin.register()
+    return params, stock_bytes
+
+
 def test_register_enabled_installs_and_uninstall_restores(hooks, monkeypatch):
     """In a scheduler process (env exported by the launcher) register()
     installs the pool, both backends, the Mamba-2 state-update dispatcher and
     the capacity-solver charge; uninstall_all() restores SGLang."""
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
     from sglang.srt.layers.attention import hybrid_linear_attn_backend
     from sglang.srt.layers.attention.linear import gdn_backend
     from sglang.srt.layers.attention.mamba import mamba as mamba_module
@@ -173,14 +189,7 @@ def test_register_enabled_installs_and_uninstall_restores(hooks, monkeypatch):
     from sglang_replayssm.pool import ReplayMambaPool
 
     stock_ssu = mamba_module.selective_state_update
-    params = Mamba2CacheParams(
-        shape=Mamba2StateShape.create(tp_world_size=1, intermediate_size=16 * 8, n_groups=2,
-                                      num_heads=16, head_dim=8, state_size=16, conv_kernel=4),
-        layers=[0, 2])
-    stock_bytes = params.mamba_cache_per_req
-    ReplayConfig(enabled=True, buffer_len=8).to_env()
-    monkeypatch.setenv(ENV_PREFIX + "FAMILY", "mamba2")
-    plugin.register()
+    params, stock_bytes = _register_mamba2(monkeypatch)
     pool_cls = HybridReqToTokenPool.mamba_pool_cls
     assert issubclass(pool_cls, ReplayMambaPool) and pool_cls.replay_family == "mamba2"
     assert pool_cls.replay_config.buffer_len == 8
@@ -204,7 +213,6 @@ def test_capacity_solver_with_speculative_decoding(hooks, monkeypatch):
     state scratch, which this pool does not allocate); without it, as stock.
     The commit after a verify is ours for a ReplaySSM backend, stock's
     otherwise."""
-    from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -215,15 +223,8 @@ def test_capacity_solver_with_speculative_decoding(hooks, monkeypatch):
     commits = []
     monkeypatch.setattr(HybridLinearAttnBackend, "update_mamba_state_after_mtp_verify",
                         lambda self, *a, **k: commits.append(a))
-    params = Mamba2CacheParams(
-        shape=Mamba2StateShape.create(tp_world_size=1, intermediate_size=16 * 8, n_groups=2,
-                                      num_heads=16, head_dim=8, state_size=16, conv_kernel=4),
-        layers=[0, 2])
-    stock_bytes = params.mamba_cache_per_req
-    ReplayConfig(enabled=True, buffer_len=8).to_env()
-    monkeypatch.setenv(ENV_PREFIX + "FAMILY", "mamba2")
     monkeypatch.setattr(sglang_hooks, "_draft_tokens", lambda: 4)
-    plugin.register()
+    params, stock_bytes = _register_mamba2(monkeypatch)
     # per layer: rings of 8 - 1 + 4 = 11 entries (x 16 x 11 x 8 bf16, B 2 x 11 x 16
     # bf16, dt 16 x 11 fp32) + 4 conv windows (conv dim 16*8 + 2*2*16 = 192, 3 wide, bf16)
     per_layer = 16 * 11 * 8 * 2 + 2 * 11 * 16 * 2 + 16 * 11 * 4 + 4 * 192 * 3 * 2
