@@ -197,7 +197,6 @@ class _ReplayStep:
         # does for SGLang's built-in ReplaySSM, spec_utils.py:908-913)
         for conv, windows in zip(cache.conv, cache.intermediate_conv_window):
             fused_conv_window_scatter_with_mask(conv, windows, slots, last_step)
-        window = p.speculative_num_draft_tokens
         parents = tree_parents(retrieve_parent_token)
         if parents is None:
             accepted = (last_step + 1).to(torch.int32)
@@ -206,7 +205,7 @@ class _ReplayStep:
             accept_path(p.rings(), p.fill, p.origin, slots, path, accepted,
                         capacity=p.capacity, stacked=True)
         commit(p.fill, p.origin, slots, mode=MODE_VERIFY, buffer_len=p.buffer_len,
-               capacity=p.capacity, window=window, accepted=accepted)
+               capacity=p.capacity, window=p.window, accepted=accepted)
 
 
 def _log_enabled(family: str, pool: ReplayMambaPool, num_layers: int) -> None:

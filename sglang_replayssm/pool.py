@@ -285,7 +285,6 @@ class ReplayMambaPool(MambaPool):
             speculative_num_draft_tokens=None, speculative_eagle_topk=speculative_eagle_topk,
             enable_linear_replayssm=False, linear_replayssm_cache_len=linear_replayssm_cache_len,
             envelope_layout=envelope_layout, enable_linear_replayssm_spec=False)
-        self.speculative_num_draft_tokens = speculative_num_draft_tokens
 
         num_layers = len(mamba_layer_ids)
         with (

@@ -401,7 +401,7 @@ def test_speculative_pool_without_state_snapshots(monkeypatch, case):
     pool = r2t.mamba_pool
     c = pool.mamba_cache
     assert isinstance(c, MambaPool.SpeculativeState) and c.intermediate_ssm is None
-    assert pool.capacity == L - 1 + drafts and pool.speculative_num_draft_tokens == drafts
+    assert pool.capacity == L - 1 + drafts and pool.window == drafts
     conv_shape = tuple(params.shape.conv[0])
     assert [tuple(w.shape) for w in c.intermediate_conv_window] == [
         (len(LAYERS), SLOTS, drafts) + conv_shape]
