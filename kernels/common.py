@@ -269,7 +269,8 @@ def ring_cumsum(x, pos, STORAGE_ORDER: tl.constexpr):
 def tree_paths(x, cum, pos, fill, parent_ptr, T: tl.constexpr):
     """Tree verify (both families): the window's T drafts form a tree,
     ``parent_ptr[j]`` = the window index of draft j's parent (< j), or -1
-    for a draft that follows the committed history. A chain's
+    for a draft that follows the committed history (entry 0 is not read:
+    draft 0 can only follow the history). A chain's
     :func:`ring_cumsum` sums ``x`` (the per-token log decays) over every
     earlier draft; a tree draft's prefix holds only its ancestors. Returns
     (cum, path): ``cum`` with each window position's value replaced by the
@@ -280,7 +281,10 @@ def tree_paths(x, cum, pos, fill, parent_ptr, T: tl.constexpr):
     cum_hist = tl.sum(tl.where(pos == fill - 1, cum, 0.0), axis=0)  # 0 for an empty history
     path = tl.zeros_like(pos).to(tl.int64)
     for j in tl.static_range(T):
-        p = tl.load(parent_ptr + j)
+        if j == 0:  # its only valid parent; SGLang leaves the entry unset
+            p = tl.full([], -1, tl.int32)
+        else:
+            p = tl.load(parent_ptr + j).to(tl.int32)
         at_parent = (pos == fill + p) & (p >= 0)
         base = tl.where(p >= 0, tl.sum(tl.where(at_parent, cum, 0.0), axis=0), cum_hist)
         ancestors = tl.sum(tl.where(at_parent, path, 0), axis=0)
@@ -300,19 +304,22 @@ def on_path(path, pos, q, is_hist, is_win, win):
 
 
 def check_parents(parents, batch: int, T: int, validate: bool):
-    """A tree verify's ``parents`` [batch, T]: int32, contiguous; with
-    ``validate`` every entry in [-1, j) (parents before children)."""
-    check(parents.dtype == torch.int32 and tuple(parents.shape) == (batch, T)
+    """A tree verify's ``parents`` [batch, T]: int32 or int64 (SGLang's
+    ``retrieve_parent_token`` as it is), contiguous in T; with ``validate``
+    every entry j > 0 in [-1, j) (parents before children; entry 0 is not
+    read: draft 0 can only follow the committed history)."""
+    check(parents.dtype in (torch.int32, torch.int64) and tuple(parents.shape) == (batch, T)
           and parents.stride(-1) == 1,
-          f"parents must be int32 [batch={batch}, T={T}] contiguous in T, got "
+          f"parents must be int32 or int64 [batch={batch}, T={T}] contiguous in T, got "
           f"{parents.dtype} {tuple(parents.shape)}")
     check(T <= 63, f"tree verify takes at most 63 draft tokens per row (a path is an int64 "
                    f"bitmask), got T={T}")
     if validate and batch:
-        j = torch.arange(T, device=parents.device, dtype=torch.int32)
-        bad = (parents < -1) | (parents >= j)
-        check(not bool(bad.any()), "parents[:, j] must lie in [-1, j) (each draft's parent "
-                                   "comes before it in the window; -1 = the committed history)")
+        j = torch.arange(T, device=parents.device)
+        bad = ((parents < -1) | (parents >= j))[:, 1:]
+        check(not bool(bad.any()), "parents[:, j] must lie in [-1, j) for j > 0 (each "
+                                   "draft's parent comes before it in the window; -1 = the "
+                                   "committed history)")
 
 
 def check(cond: bool, msg: str):

@@ -177,6 +177,7 @@ def tree_path_ref(parents: torch.Tensor, last: torch.Tensor):
     for i in range(T):  # the node, its parent, ... ; -1 once past the path's first draft
         ancestors[:, i] = node
         up = parents.gather(1, node.clamp(min=0)[:, None])[:, 0].to(torch.int64)
+        up = torch.where(node == 0, -1, up)  # draft 0's entry is not read
         node = torch.where(node >= 0, up, node)
     accepted = (ancestors >= 0).sum(1)
     k = torch.arange(T, device=parents.device)
@@ -190,7 +191,8 @@ def _tree_path_kernel(parents_ptr, last_ptr, path_ptr, accepted_ptr, s_parents, 
                       T: tl.constexpr, BLOCK_T: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_T)
-    parents = tl.load(parents_ptr + row * s_parents + offs, mask=offs < T, other=-1)
+    # entry 0 (unset in SGLang's buffer) is never followed: the walk ends there
+    parents = tl.load(parents_ptr + row * s_parents + offs, mask=offs < T, other=-1).to(tl.int32)
     node = tl.load(last_ptr + row).to(tl.int32)
     node = tl.minimum(tl.maximum(node, 0), T - 1)
     # from the last accepted draft up: parents come before their children,
@@ -212,8 +214,9 @@ def _tree_path_kernel(parents_ptr, last_ptr, path_ptr, accepted_ptr, s_parents, 
 def tree_path(parents: torch.Tensor, last: torch.Tensor):
     """The accepted path of a tree verify from its last accepted draft.
 
-    parents: [batch, T] int32, contiguous in T: the verify's ``parents``
-             (-1 = follows the committed history)
+    parents: [batch, T] int32 or int64, contiguous in T: the verify's
+             ``parents`` (-1 = follows the committed history; entry 0 is
+             not read)
     last:    [batch] int, window index of each row's last accepted draft
              (SGLang's ``last_correct_step_indices``; clamped into [0, T))
     Returns ``(path, accepted)`` as :func:`accept_path` takes them: path
@@ -221,8 +224,9 @@ def tree_path(parents: torch.Tensor, last: torch.Tensor):
     down to ``last`` (entries past ``accepted`` are 0), accepted [batch]
     int32 is the path's length. One launch, no host sync (the commit after
     a verify runs it every step)."""
-    if parents.dtype != torch.int32 or parents.dim() != 2 or parents.stride(-1) != 1:
-        raise ValueError(f"parents must be int32 [batch, T] contiguous in T, got "
+    if parents.dtype not in (torch.int32, torch.int64) or parents.dim() != 2 \
+            or parents.stride(-1) != 1:
+        raise ValueError(f"parents must be int32 or int64 [batch, T] contiguous in T, got "
                          f"{parents.dtype} {tuple(parents.shape)}")
     batch, T = parents.shape
     if last.shape != (batch,):
@@ -318,6 +322,7 @@ def accept_path(rings, fill: torch.Tensor, origin: torch.Tensor, slots: torch.Te
         ok &= bool((path[:, 1:] > path[:, :-1])[taken[:, 1:]].all())
         if parents is not None:
             p = parents.long().gather(1, path.long().clamp(0, T - 1))  # parent of each path entry
+            p[path == 0] = -1  # draft 0's entry is not read: it follows the history
             prev = torch.cat([torch.full_like(path[:, :1], -1), path[:, :-1]], 1).long()
             ok &= bool((p == prev)[taken].all())
         if not ok:

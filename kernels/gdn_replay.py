@@ -1128,11 +1128,12 @@ def gdn_replay_verify(checkpoint, k_buffer, u_buffer, g_buffer, fill, origin, sl
     inside the kernel from one checkpoint read and appended to the ring
     after the committed history, draft j at window position j.
         parents      None: a chain (draft j follows draft j-1). Else [b, T]
-                     int32: draft j's parent's window index (< j), -1 for a
-                     draft that follows the committed history (a tree, e.g.
-                     EAGLE's with topk > 1: draft j sees only its ancestors;
-                     SGLang's ``retrieve_parent_token`` with its first entry
-                     set to -1)
+                     int32 or int64: draft j's parent's window index (< j),
+                     -1 for a draft that follows the committed history (a
+                     tree, e.g. EAGLE's with topk > 1: draft j sees only its
+                     ancestors). Entry 0 is not read (draft 0 follows the
+                     history), so SGLang's ``retrieve_parent_token`` is taken
+                     as it is.
     The checkpoint is written only when the flush rule fires, and then with
     the committed history alone. Afterwards, for a tree,
     ``cursors.accept_path`` moves the accepted drafts' entries to the first

@@ -1059,11 +1059,12 @@ def mamba2_replay_verify(checkpoint, x_buffer, B_buffer, dt_buffer, fill, origin
     from one checkpoint read; the checkpoint is written only when the row's
     flush rule fires, and then only with the committed history (drafts are
     never folded before acceptance).
-        parents  None: a chain (draft j follows draft j-1). Else [b, T] int32:
-                 draft j's parent's window index (< j), -1 for a draft that
-                 follows the committed history (a tree: draft j's output
-                 sees only its ancestors; SGLang's ``retrieve_parent_token``
-                 with its first entry set to -1)
+        parents  None: a chain (draft j follows draft j-1). Else [b, T] int32
+                 or int64: draft j's parent's window index (< j), -1 for a
+                 draft that follows the committed history (a tree: draft j's
+                 output sees only its ancestors). Entry 0 is not read (draft
+                 0 follows the history), so SGLang's ``retrieve_parent_token``
+                 is taken as it is.
     Afterwards, for a tree, ``cursors.accept_path`` (every ring, every
     layer); then ``cursors.commit(mode=MODE_VERIFY, accepted=...)``.
     Needs ``T < buffer_len`` and ``capacity >= buffer_len - 1 + T``.

@@ -52,7 +52,7 @@ from sglang_replayssm.pool import ReplayMambaPool
 logger = logging.getLogger("sglang_replayssm")
 
 __all__ = ["ReplayMamba2AttnBackend", "ReplayGDNAttnBackend", "selective_state_update",
-           "set_stock_selective_state_update", "commit_after_verify", "tree_parents"]
+           "set_stock_selective_state_update", "commit_after_verify"]
 
 
 @dataclasses.dataclass
@@ -118,24 +118,12 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
             state_batch_indices, x, dt, A, B, C, buffer_len=pool.buffer_len, D=D, z=z,
             dt_bias=dt_bias, dt_softplus=dt_softplus, out=out,
             checkpoint_fold=c.checkpoint_fold,
-            parents=tree_parents(verify_kwargs.get("retrieve_parent_token")))
+            parents=verify_kwargs.get("retrieve_parent_token"))
     return mamba2_replay_decode(
         c.temporal, c.x_buffer, c.B_buffer, c.dt_buffer, pool.fill, pool.origin,
         state_batch_indices, x, dt, A, B, C, buffer_len=pool.buffer_len, D=D, z=z,
         dt_bias=dt_bias, dt_softplus=dt_softplus, out=out,
         checkpoint_fold=c.checkpoint_fold, route=pool.decode_route)
-
-
-def tree_parents(retrieve_parent_token: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The verify kernels' ``parents`` [b, T] int32 from SGLang's
-    ``retrieve_parent_token`` (None for a chain). The causal conv of a tree
-    verify fills that buffer (causal_conv1d_triton.py:564-573) and leaves
-    the root's entry unset: the root follows the committed history (-1)."""
-    if retrieve_parent_token is None:
-        return None
-    parents = retrieve_parent_token.to(torch.int32, copy=True).contiguous()
-    parents[:, 0] = -1
-    return parents
 
 
 class _ReplayStep:
@@ -197,11 +185,10 @@ class _ReplayStep:
         # does for SGLang's built-in ReplaySSM, spec_utils.py:908-913)
         for conv, windows in zip(cache.conv, cache.intermediate_conv_window):
             fused_conv_window_scatter_with_mask(conv, windows, slots, last_step)
-        parents = tree_parents(retrieve_parent_token)
-        if parents is None:
+        if retrieve_parent_token is None:
             accepted = (last_step + 1).to(torch.int32)
         else:
-            path, accepted = tree_path(parents, last_step)
+            path, accepted = tree_path(retrieve_parent_token, last_step)
             accept_path(p.rings(), p.fill, p.origin, slots, path, accepted,
                         capacity=p.capacity, stacked=True)
         commit(p.fill, p.origin, slots, mode=MODE_VERIFY, buffer_len=p.buffer_len,
@@ -378,7 +365,7 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
             c.temporal, c.k_buffer, c.u_buffer, c.g_buffer, pool.fill, pool.origin, slots,
             qkv, a.view(batch, T, -1), b.view(batch, T, -1), layer.A_log, layer.dt_bias,
             layer.head_k_dim ** -0.5, buffer_len=pool.buffer_len,
-            num_k_heads=c.k_buffer.shape[1], parents=tree_parents(md.retrieve_parent_token),
+            num_k_heads=c.k_buffer.shape[1], parents=md.retrieve_parent_token,
             **_gdn_fold_kwargs(c))
         return out.view(1, tokens, *out.shape[2:])  # the stock target_verify's layout
 

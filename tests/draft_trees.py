@@ -15,6 +15,14 @@ def random_tree(gen: torch.Generator, T: int) -> list[int]:
     return parents
 
 
+def as_sglang_parents(trees: list[list[int]]) -> torch.Tensor:
+    """The trees as SGLang's ``retrieve_parent_token`` holds them: int64,
+    entry 0 never written (a value no kernel may follow, here 99)."""
+    parents = torch.tensor(trees, dtype=torch.int64)
+    parents[:, 0] = 99
+    return parents
+
+
 def path_to(parents: list[int], node: int) -> list[int]:
     """The window indices from the tree's first draft down to ``node``."""
     path = [node]

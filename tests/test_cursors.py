@@ -10,7 +10,7 @@ from sglang_replayssm.kernels import cursors as cur
 from sglang_replayssm.kernels.cursors import (MODE_DECODE, MODE_FLUSH, MODE_VERIFY, commit,
                                               commit_ref, required_capacity)
 
-from draft_trees import random_paths, random_tree  # noqa: E402 (tests/ helper)
+from draft_trees import as_sglang_parents, random_paths, random_tree  # noqa: E402 (tests/ helper)
 
 
 @pytest.mark.parametrize("mode", [MODE_DECODE, MODE_VERIFY, MODE_FLUSH])
@@ -102,9 +102,13 @@ def test_tree_path_follows_the_parents(device):
             want = path_to(tree, node)
             assert int(accepted[r]) == len(want)
             assert path[r].tolist() == want + [0] * (T - len(want))
+        # SGLang's buffer as it is: int64, entry 0 unset (never followed)
+        path64, accepted64 = fn(as_sglang_parents([t for t, _ in rows]).to(device),
+                                last.to(device))
+        assert torch.equal(path64, path) and torch.equal(accepted64, accepted)
         chain = torch.tensor([[-1, 0, 1, 2]], dtype=torch.int32).expand(4, 4).contiguous()
         path, accepted = fn(chain.to(device), torch.arange(4).to(device))
         assert accepted.tolist() == [1, 2, 3, 4]
         assert path.tolist() == [[0, 0, 0, 0], [0, 1, 0, 0], [0, 1, 2, 0], [0, 1, 2, 3]]
-    with pytest.raises(ValueError, match="parents must be int32"):
-        cur.tree_path(parents.long().to(device), last.to(device))
+    with pytest.raises(ValueError, match="parents must be int32 or int64"):
+        cur.tree_path(parents.to(torch.int16).to(device), last.to(device))

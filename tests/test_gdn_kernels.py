@@ -21,7 +21,7 @@ from sglang_replayssm.kernels.gdn_replay import (gdn_replay_decode, gdn_replay_f
                                                  gdn_replay_verify)
 from sglang_replayssm.reference import gdn_prepare_ref, gdn_step_ref
 
-from draft_trees import random_paths, random_tree  # noqa: E402 (tests/ helper)
+from draft_trees import as_sglang_parents, random_paths, random_tree  # noqa: E402 (tests/ helper)
 
 F32, BF16 = torch.float32, torch.bfloat16
 TOL = {F32: 1e-5, BF16: 2e-2}
@@ -278,7 +278,8 @@ def test_tree_verify_random_trees_and_paths(device, route, fold):
     for _ in range(8):
         qkv, a, b = pool.inputs(3, T)
         trees = [random_tree(gen, T) for _ in range(3)]
-        parents = torch.tensor(trees, dtype=torch.int32)
+        # SGLang's buffer as it is (int64, entry 0 unset) on odd steps
+        parents = as_sglang_parents(trees) if _ % 2 else torch.tensor(trees, dtype=torch.int32)
         fill0 = pool.fill.cpu().clone()
         y = gdn_replay_verify(*pool.pool_args(), slots, qkv, a, b, pool.A_log, pool.dt_bias,
                               pool.scale, buffer_len=L, num_k_heads=pool.H, validate=True,
@@ -637,9 +638,9 @@ def test_bad_input_is_rejected(device):
         gdn_replay_verify(*pool.pool_args(), slots, bad, a, b, pool.A_log, pool.dt_bias,
                           pool.scale, validate=True, **kw)
     i32 = dict(dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="parents must be int32"):
-        gdn_replay_verify(*pool.pool_args(), *args, parents=torch.tensor([[-1, 0]], device=device),
-                          **kw)
+    with pytest.raises(ValueError, match="parents must be int32 or int64"):
+        gdn_replay_verify(*pool.pool_args(), *args,
+                          parents=torch.tensor([[-1, 0]], dtype=torch.int16, device=device), **kw)
     with pytest.raises(ValueError, match=r"parents\[:, j\] must lie in \[-1, j\)"):
         gdn_replay_verify(*pool.pool_args(), *args, parents=torch.tensor([[-1, 1]], **i32),
                           validate=True, **kw)

@@ -35,7 +35,7 @@ from sglang_replayssm.kernels.mamba2_replay import (mamba2_replay_decode, mamba2
                                                     mamba2_replay_verify)
 from sglang_replayssm.reference import selective_state_update_ref
 
-from draft_trees import random_paths, random_tree  # noqa: E402 (tests/ helper)
+from draft_trees import as_sglang_parents, random_paths, random_tree  # noqa: E402 (tests/ helper)
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 DT_NAMES = {F32: "f32", BF16: "bf16", F16: "f16"}
@@ -271,8 +271,8 @@ class Pool:
         else:
             inp = self.inputs(len(slots), T)
             sentinel = torch.full_like(inp["x"], SENTINEL)
-            parents = None if trees is None else torch.tensor(trees, dtype=torch.int32,
-                                                              device=self.device)
+            # a tree's parents as SGLang's buffer holds them (int64, entry 0 unset)
+            parents = None if trees is None else as_sglang_parents(trees).to(self.device)
             out = self.run_kernel(mode, slots, inp, out=sentinel.clone(), parents=parents)
             rows, y_ref, states = self.ref_chain(slots, inp, trees)
             err = rel_err(out[rows], y_ref)
