@@ -27,7 +27,8 @@
 #   spec-nextn[:M] NEXTN (an MTP draft, dummy weights), a chain of 4 drafts
 #   nemo / qwen   served bs 1/64/256, 1 warm-up + 2 measured runs: Nemotron-H-8B (flashinfer, ours, triton),
 #                 Qwen3-Next-80B (triton, ours, SGLang's replay); nemo:A,B / qwen:A,B
-#                 runs only those arms (three 80B-class arms may not fit one call)
+#                 runs only those arms (three 80B-class arms may not fit one call);
+#                 BATCHES="1 256" overrides the batch sizes
 # Everything lands in $OUT, packed into one archive (pack_out.sh). The device
 # tree has no .git: the commit comes from GIT_COMMIT or the file .gpu_commit.
 set -uo pipefail
@@ -130,7 +131,8 @@ for step in "$@"; do
       esac
       case $step in *:*) arms=${step#*:}; arms=${arms//,/ } ;; esac
       # shellcheck disable=SC2086  # one word per arm
-      serve --model "$model" --arms $arms --batch-sizes 1 64 256 --repeats 2 \
+      # shellcheck disable=SC2086  # BATCHES: e.g. "1 256" when device time is short
+      serve --model "$model" --arms $arms --batch-sizes ${BATCHES:-1 64 256} --repeats 2 \
         --health-timeout "$h" ;;
     *) echo "[steps] unknown step $step" ;;
   esac
