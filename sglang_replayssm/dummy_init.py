@@ -14,10 +14,20 @@ makes the SSM matter:
 * ``dt_bias``: softplus^-1 of a log-uniform step in [1e-3, 1e-1] (Mamba's init);
 * ``D``: 1; other 1-D parameters: 1 for norm weights, 0 otherwise (biases).
 
+``echo`` (SGLANG_REPLAYSSM_DUMMY_INIT=echo) is the same init with the token
+embedding scaled by ``ECHO_EMBEDDING_SCALE`` and copied into the LM head: the
+residual stream is then dominated by the input token's embedding, so the
+logits ``E . norm(e_t + layers)`` peak at t and the greedy output repeats the
+last prompt token. Every layer still runs on every token. It exists for
+serving speculative decoding with drafts accepted (NGRAM finds the
+repetition): with random weights no draft is ever accepted, and a verify
+that rolls back every draft measures only the overhead. Its outputs say
+nothing about parity.
+
 Deterministic like SGLang's: one generator per parameter seeded with
 ``seed`` (+ a stable hash of the name), so stock and ReplaySSM servers of
 the same model get the same weights. Selected with the environment variable
-``SGLANG_REPLAYSSM_DUMMY_INIT=scaled`` (a test knob, see
+``SGLANG_REPLAYSSM_DUMMY_INIT=scaled`` or ``echo`` (a test knob, see
 :func:`sglang_replayssm.sglang_hooks.install_dummy_init_hook`).
 """
 from __future__ import annotations
@@ -27,9 +37,14 @@ import zlib
 
 import torch
 
-__all__ = ["scaled_dummy_weights"]
+__all__ = ["scaled_dummy_weights", "echo_dummy_weights", "DUMMY_INITS"]
 
 WEIGHT_STD = 0.02
+# |e_t| = 0.02 * 20 * sqrt(d): a 2048-wide model's embedding has norm ~18,
+# several times what the (pre-normed) layers add at WEIGHT_STD, and the echo
+# holds while the layers add less than ~(sqrt(d) / 7) |e_t| in a random
+# direction (argmax over the vocabulary of e_s . (e_t + delta))
+ECHO_EMBEDDING_SCALE = 20.0
 
 
 def _leaf(name: str) -> str:
@@ -66,3 +81,29 @@ def scaled_dummy_weights(model: torch.nn.Module, seed: int = 1234) -> None:
         g = torch.Generator(device=t.device)
         g.manual_seed(seed + zlib.crc32(name.encode()))
         _fill(name, t, g)
+
+
+@torch.no_grad()
+def echo_dummy_weights(model: torch.nn.Module, seed: int = 1234) -> None:
+    """:func:`scaled_dummy_weights`, then the token embedding scaled by
+    ``ECHO_EMBEDDING_SCALE`` and copied into the LM head (see the module doc).
+    A model with tied embeddings keeps them tied."""
+    scaled_dummy_weights(model, seed=seed)
+    params = dict(model.named_parameters())
+    heads = [n for n in params if n.endswith("lm_head.weight")]
+    if len(heads) > 1:
+        raise ValueError(f"echo dummy init: several LM heads {heads}")
+    embeddings = [n for n, t in params.items() if "embed" in _leaf(n.rsplit(".", 1)[0])
+                  and n.endswith(".weight") and t.dim() == 2
+                  and (not heads or t.shape == params[heads[0]].shape)]
+    if len(embeddings) != 1:
+        raise ValueError(f"echo dummy init needs one token embedding (a 2-D '*embed*.weight' "
+                         f"shaped like the LM head), found {embeddings} in "
+                         f"{type(model).__name__}")
+    embedding = params[embeddings[0]]
+    embedding.mul_(ECHO_EMBEDDING_SCALE)
+    if heads and params[heads[0]].data_ptr() != embedding.data_ptr():
+        params[heads[0]].copy_(embedding)
+
+
+DUMMY_INITS = {"scaled": scaled_dummy_weights, "echo": echo_dummy_weights}

@@ -5,7 +5,7 @@ SGLang calls ``register()`` in the launcher before it parses the command line
 (srt/managers/scheduler.py:4895). It only adds the flags, unless ReplaySSM is
 enabled (the launcher exported SGLANG_REPLAYSSM_ENABLED=1 for the children):
 then it also installs the pool and backend hooks. Nothing CUDA-only is
-imported here. ``SGLANG_REPLAYSSM_DUMMY_INIT=scaled`` (a test knob, stock
+imported here. ``SGLANG_REPLAYSSM_DUMMY_INIT=scaled`` / ``echo`` (test knobs, stock
 or not) swaps SGLang's dummy-weight init for sglang_replayssm.dummy_init;
 ``SGLANG_REPLAYSSM_NATIVE_FP32_OPS=1`` (the same) lets ``--dtype float32``
 serve (sglang_hooks.install_native_fp32_ops_hook).
@@ -28,11 +28,11 @@ def register() -> None:
     sglang_hooks.check_sglang_version()
     sglang_hooks.install_cli_hooks()
     dummy_init = os.environ.get(DUMMY_INIT_ENV, "")
-    if dummy_init not in ("", "sglang", "scaled"):
-        raise ValueError(f"{DUMMY_INIT_ENV} must be 'scaled' or 'sglang', "
+    if dummy_init not in ("", "sglang", "scaled", "echo"):
+        raise ValueError(f"{DUMMY_INIT_ENV} must be 'scaled', 'echo' or 'sglang', "
                          f"got {dummy_init!r}")
-    if dummy_init == "scaled":
-        sglang_hooks.install_dummy_init_hook()
+    if dummy_init in ("scaled", "echo"):
+        sglang_hooks.install_dummy_init_hook(dummy_init)
     native_fp32 = os.environ.get(NATIVE_FP32_OPS_ENV, "")
     if native_fp32 not in ("", "0", "1"):
         raise ValueError(f"{NATIVE_FP32_OPS_ENV} must be '0' or '1', got {native_fp32!r}")

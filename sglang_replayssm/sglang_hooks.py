@@ -336,22 +336,26 @@ def install_replay_hooks(config: ReplayConfig) -> None:
 # Test knob: dummy weights at trained-model scale (sglang_replayssm.dummy_init).
 # srt/model_loader/loader.py:111 imports initialize_dummy_weights by name and
 # DummyModelLoader.load_model calls it (:1456); replace that binding. Installed
-# in every process that has SGLANG_REPLAYSSM_DUMMY_INIT=scaled, stock or not,
+# in every process that has SGLANG_REPLAYSSM_DUMMY_INIT=scaled (or echo), stock or not,
 # so both arms of a parity comparison get the same weights.
 # --------------------------------------------------------------------------
 
-def install_dummy_init_hook() -> None:
+def install_dummy_init_hook(kind: str = "scaled") -> None:
     from sglang.srt.model_loader import loader
 
-    from sglang_replayssm.dummy_init import scaled_dummy_weights
+    from sglang_replayssm.dummy_init import DUMMY_INITS
+
+    init = DUMMY_INITS[kind]
+    what = {"scaled": "trained-model scale",
+            "echo": "trained-model scale, LM head = scaled embedding (greedy echo)"}[kind]
 
     def initialize_dummy_weights(model, low=-1e-3, high=1e-3, seed=1234):
         # logged here, not at install: SGLang loads plugins before it sets up
         # logging in the scheduler process (scheduler.py:4895), so a line
         # logged at install time never reaches the server log
-        logger.info("dummy weights of %s: trained-model scale, seed %d (%s=scaled)",
-                    type(model).__name__, seed, DUMMY_INIT_ENV)
-        scaled_dummy_weights(model, seed=seed)
+        logger.info("dummy weights of %s: %s, seed %d (%s=%s)",
+                    type(model).__name__, what, seed, DUMMY_INIT_ENV, kind)
+        init(model, seed=seed)
 
     _patch(loader, "initialize_dummy_weights", initialize_dummy_weights)
 

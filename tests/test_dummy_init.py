@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from sglang_replayssm import config
-from sglang_replayssm.dummy_init import WEIGHT_STD, scaled_dummy_weights
+from sglang_replayssm.dummy_init import (ECHO_EMBEDDING_SCALE, WEIGHT_STD, echo_dummy_weights,
+                                         scaled_dummy_weights)
 
 
 class Mixer(torch.nn.Module):
@@ -75,3 +76,63 @@ def test_hook_replaces_and_restores_sglang_init(monkeypatch, caplog):
     with pytest.raises(ValueError, match="SGLANG_REPLAYSSM_DUMMY_INIT must be"):
         plugin.register()
     sglang_hooks.uninstall_all()
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.input_layernorm = torch.nn.RMSNorm(d)
+        self.up_proj = torch.nn.Linear(d, 512, bias=False)
+        self.down_proj = torch.nn.Linear(512, d, bias=False)
+
+    def forward(self, h):
+        return self.down_proj(torch.nn.functional.silu(self.up_proj(self.input_layernorm(h))))
+
+
+class TinyLM(torch.nn.Module):
+    """Pre-norm residual layers between an embedding and an LM head, at the
+    widths of the 4-layer Qwen3-Next model's residual (2048) and a 2k vocab."""
+
+    def __init__(self, vocab=2048, d=2048, layers=4, tied=False):
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(vocab, d)
+        self.layers = torch.nn.ModuleList(Block(d) for _ in range(layers))
+        self.norm = torch.nn.RMSNorm(d)
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+        if tied:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(self, ids):
+        h = self.embed_tokens(ids)
+        for layer in self.layers:
+            h = h + layer(h)
+        return self.lm_head(self.norm(h))
+
+
+def test_echo_init_repeats_the_input_token():
+    """echo: the LM head is the scaled embedding, so greedy decoding returns
+    the input token, while the layers still change the logits; scaled (the
+    same weights otherwise) does not echo."""
+    m = TinyLM()
+    echo_dummy_weights(m)
+    e = m.embed_tokens.weight
+    assert torch.equal(m.lm_head.weight, e)
+    assert abs(e.std().item() - WEIGHT_STD * ECHO_EMBEDDING_SCALE) < 0.02
+    ids = torch.arange(0, 2048, 7)
+    logits = m(ids)
+    assert torch.equal(logits.argmax(-1), ids)
+    plain = m.lm_head(m.norm(m.embed_tokens(ids)))
+    assert (logits - plain).abs().max() > 1e-2 * plain.abs().max()  # the layers matter
+    s = TinyLM()
+    scaled_dummy_weights(s)
+    assert (s(ids).argmax(-1) == ids).float().mean() < 0.1
+    t = TinyLM(tied=True)
+    echo_dummy_weights(t)
+    assert t.lm_head.weight is t.embed_tokens.weight
+    assert torch.equal(t(ids).argmax(-1), ids)
+
+
+def test_echo_init_needs_one_embedding():
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with pytest.raises(ValueError, match="echo dummy init needs one token embedding"):
+        echo_dummy_weights(m)
