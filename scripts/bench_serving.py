@@ -273,28 +273,39 @@ _DECODE_LINE = re.compile(
     r"#queue-req: (?P<queue>\d+)")
 
 
+# with speculative decoding the line also says (metrics_reporter.py:798)
+_ACCEPT_LEN = re.compile(r"accept len: (?P<accept>[\d.]+), ")
+
+
 def parse_decode_lines(log_text: str) -> list[dict]:
     """The scheduler's periodic 'Decode batch' lines (every
     --decode-log-interval = 40 steps): gen throughput is the tokens of those
-    40 steps over their wall time, so one step = running requests / throughput."""
+    40 steps over their wall time, so one step = running requests / throughput,
+    times the accept length with speculative decoding (a verify step gives
+    each request its accepted drafts plus the bonus token; accept_len is None
+    without)."""
     rows = []
     for m in _DECODE_LINE.finditer(log_text):
         running, tps = int(m["running"]), float(m["tps"])
+        a = _ACCEPT_LEN.search(m.group(0))
+        accept_len = float(a["accept"]) if a else None
         rows.append({"running": running, "cuda_graph": m["graph"] == "True",
-                     "queue": int(m["queue"]), "gen_tok_s": tps,
-                     "step_ms": 1000.0 * running / tps if tps > 0 else None})
+                     "queue": int(m["queue"]), "gen_tok_s": tps, "accept_len": accept_len,
+                     "step_ms": (1000.0 * running * (accept_len or 1.0) / tps
+                                 if tps > 0 else None)})
     return rows
 
 
-def steady_step_ms(decode_lines: list[dict], batch: int):
-    """Median decode step at `batch` running requests. The first line of each
-    run of lines with the same batch is dropped: its interval started before
-    the batch did (prefill, idle time between cases)."""
+def steady_step_ms(decode_lines: list[dict], batch: int, key: str = "step_ms"):
+    """Median decode step (or another ``key`` of the lines, e.g. accept_len)
+    at `batch` running requests. The first line of each run of lines with
+    the same batch is dropped: its interval started before the batch did
+    (prefill, idle time between cases)."""
     steps, previous = [], None
     for row in decode_lines:
         if (row["running"] == batch and previous == batch and row["queue"] == 0
-                and row["step_ms"] is not None):
-            steps.append(row["step_ms"])
+                and row[key] is not None):
+            steps.append(row[key])
         previous = row["running"]
     return statistics.median(steps) if steps else None
 
@@ -546,7 +557,7 @@ def profile_arm(args, url: str, tag: str) -> dict:
 
 
 # what a partial keeps of each run when --repeats > 1
-REPEAT_KEYS = ("batch", "output_tok_s", "itl_ms", "ttft_s", "step_ms")
+REPEAT_KEYS = ("batch", "output_tok_s", "itl_ms", "ttft_s", "step_ms", "accept_len")
 
 
 def median_rows(runs: list[list[dict]]) -> list[dict]:
@@ -597,8 +608,8 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
     try:
         server_env = dict(os.environ)
         server_env.pop(DUMMY_INIT_ENV, None)
-        if args.dummy_init == "scaled":
-            server_env[DUMMY_INIT_ENV] = "scaled"
+        if args.dummy_init != "sglang":
+            server_env[DUMMY_INIT_ENV] = args.dummy_init
         server_env.pop(NATIVE_FP32_OPS_ENV, None)
         if args.fp32_activations:
             server_env[NATIVE_FP32_OPS_ENV] = "1"
@@ -639,12 +650,15 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
                         continue
                     step = steady_step_ms(decode_lines, bs)
                     graphs = {d["cuda_graph"] for d in decode_lines if d["running"] == bs}
+                    accept = steady_step_ms(decode_lines, bs, key="accept_len")
                     rows.append({"batch": bs, **cases[bs],
                                  "step_ms": None if step is None else round(step, 3),
                                  # False if any decode step at this batch ran eagerly
-                                 "cuda_graph": graphs == {True} if graphs else None})
+                                 "cuda_graph": graphs == {True} if graphs else None,
+                                 **({} if accept is None else {"accept_len": accept})})
                     log(f"{run_tag}: batch {bs}: {cases[bs]['output_tok_s']:.1f} tok/s, "
-                        f"ITL {cases[bs]['itl_ms']:.2f} ms, step {step} ms")
+                        f"ITL {cases[bs]['itl_ms']:.2f} ms, step {step} ms"
+                        + ("" if accept is None else f", accept len {accept:.2f}"))
                 (warmups if warming else runs).append(rows)
                 if proc.returncode != 0 or len(rows) != len(args.batch_sizes):
                     record["error"] = (f"bench rc {proc.returncode}, batches measured "
@@ -673,7 +687,7 @@ def keep_runs(record: dict, runs: list, repeats: int, warmups: list = ()):
     them, or those completed before a failure), every run's figures, and
     apart from them the warm-up runs' (never in the rows)."""
     def figures(some_runs):
-        return [[{k: r.get(k) for k in REPEAT_KEYS} for r in rows] for rows in some_runs]
+        return [[{k: r.get(k) for k in REPEAT_KEYS if k in r} for r in rows] for rows in some_runs]
 
     record["rows"] = median_rows(runs)
     if repeats > 1:
@@ -770,6 +784,9 @@ def merge_rows(records: list[dict]) -> list[dict]:
         row["stock_itl_ms"] = stock[best]["itl_ms"] if best else None
         row["step_ms"] = replay["step_ms"] if replay else None
         row["stock_step_ms"] = stock[best]["step_ms"] if best else None
+        if any("accept_len" in r for r in arms.values()):  # speculative decoding
+            row["accept_len"] = replay.get("accept_len") if replay else None
+            row["stock_accept_len"] = stock[best].get("accept_len") if best else None
         for b, r in sorted(stock.items()):
             row[f"stock_{b}_tok_s"] = r["output_tok_s"]
             row[f"speedup_vs_{b}"] = _ratio(row["replay_tok_s"], r["output_tok_s"])
@@ -883,8 +900,10 @@ def markdown(doc: dict) -> str:
                         if (k.startswith("stock_") and k.endswith("_tok_s") and k != "stock_tok_s")
                         or k == "sglang_replay_tok_s"
                         or (k.startswith("replay_") and k.endswith("_tok_s") and k != "replay_tok_s")})
+        spec = any("accept_len" in r for r in rows)
         head = (["batch", "in/out", "stock", "stock tok/s", "ReplaySSM tok/s", "speedup",
-                 "ITL ms (stock)", "step ms (stock)"] + [k[:-len("_tok_s")] for k in extra])
+                 "ITL ms (stock)", "step ms (stock)"]
+                + (["accept len (stock)"] if spec else []) + [k[:-len("_tok_s")] for k in extra])
         lines += [f"## {model}", "", "| " + " | ".join(head) + " |",
                   "|" + "---|" * len(head)]
         for r in rows:
@@ -893,6 +912,8 @@ def markdown(doc: dict) -> str:
                      _fmt(r["speedup"], 3) + ("x" if r["speedup"] else ""),
                      f"{_fmt(r['itl_ms'], 2)} ({_fmt(r['stock_itl_ms'], 2)})",
                      f"{_fmt(r['step_ms'], 2)} ({_fmt(r['stock_step_ms'], 2)})"]
+            if spec:
+                cells.append(f"{_fmt(r.get('accept_len'), 2)} ({_fmt(r.get('stock_accept_len'), 2)})")
             cells += [_fmt(r.get(k)) for k in extra]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
@@ -1013,10 +1034,12 @@ def main(argv=None) -> int:
     run.add_argument("--output-len", type=int, default=256)
     run.add_argument("--parity", action="store_true",
                      help="also dump greedy tokens + logprobs (for greedy_parity in merge)")
-    run.add_argument("--dummy-init", choices=("sglang", "scaled"), default="sglang",
+    run.add_argument("--dummy-init", choices=("sglang", "scaled", "echo"), default="sglang",
                      help="scaled: dummy weights at trained-model scale in every arm "
                           "(sglang_replayssm.dummy_init; needed for a greedy parity that "
-                          "depends on the SSM layers)")
+                          "depends on the SSM layers); echo: the same with the LM head = "
+                          "the scaled embedding, so greedy output repeats the last prompt "
+                          "token (speculative decoding with drafts accepted; no parity value)")
     run.add_argument("--fp32-activations", action="store_true",
                      help="serve every arm with %s, fp32 conv states "
                           "(%s), SGLang's norm, activation, rotary and "

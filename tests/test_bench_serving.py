@@ -151,11 +151,28 @@ def test_parse_bench_stdout_keeps_the_measured_case():
     assert cases[64]["itl_ms"] == pytest.approx(1000 * 64 / 6599.0)
 
 
-def _decode_line(running, tps, queue=0, graph="True"):
+def _decode_line(running, tps, queue=0, graph="True", accept=None):
     # metrics_reporter.report_decode_stats + pool_stats_observer (hybrid SSM parts)
+    spec = "" if accept is None else f"accept len: {accept:.2f}, accept rate: 0.50, "
     return (f"[2026-12-02 10:00:00] Decode batch, #running-req: {running}, #full token: 1000, "
-            f"full token usage: 0.01, mamba num: {running}, mamba usage: 0.50, "
+            f"full token usage: 0.01, mamba num: {running}, mamba usage: 0.50, {spec}"
             f"cuda graph: {graph}, gen throughput (token/s): {tps:.2f}, #queue-req: {queue}, ")
+
+
+def test_speculative_decode_lines_give_the_verify_step():
+    """With speculative decoding a step gives each request accept-len tokens:
+    the step is running x accept len / throughput, and the accept length is
+    kept per batch (median of the steady lines)."""
+    log = "\n".join([_decode_line(16, 100.0, accept=1.0),  # first line: dropped
+                     _decode_line(16, 3200.0, accept=4.0),   # 20 ms
+                     _decode_line(16, 4000.0, accept=6.0),   # 24 ms
+                     _decode_line(16, 3600.0, accept=5.0)])  # 22.2 ms
+    lines = bs.parse_decode_lines(log)
+    assert [r["accept_len"] for r in lines] == [1.0, 4.0, 6.0, 5.0]
+    assert lines[1]["step_ms"] == pytest.approx(1000 * 16 * 4 / 3200)
+    assert bs.steady_step_ms(lines, 16) == pytest.approx(1000 * 16 * 5 / 3600)
+    assert bs.steady_step_ms(lines, 16, key="accept_len") == 5.0
+    assert bs.parse_decode_lines(_decode_line(16, 3200.0))[0]["accept_len"] is None
 
 
 def test_parse_decode_lines_and_steady_step():

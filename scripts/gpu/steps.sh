@@ -23,6 +23,7 @@
 #                 earlier call: bench_serving.py merge checks both saw the same prompts)
 #   spec[:M]      speculative decoding (NGRAM, 8 drafts) served, stock triton vs ours,
 #                 greedy tokens dumped (default M qwen3-next-80b-4layer)
+#   spec-accept[:M] the same with echo dummy weights (drafts accepted), bs 1/16/64, speed
 #   spec-fp32[:M] the same with fp32 activations and triton attention: greedy parity
 #   spec-nextn[:M] NEXTN (an MTP draft, dummy weights), a chain of 4 drafts
 #   nemo / qwen   served bs 1/64/256, 1 warm-up + 2 measured runs: Nemotron-H-8B (flashinfer, ours, triton),
@@ -108,6 +109,13 @@ for step in "$@"; do
       model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
       serve --model "$model" --arms stock-triton replayssm --parity --dummy-init scaled \
         --batch-sizes 1 16 --output-len 64 --warmup-runs 0 --health-timeout 240 \
+        --server-args "$NGRAM --cuda-graph-max-bs-decode 64" ;;
+    spec-accept|spec-accept:*) # the same with drafts accepted: echo dummy weights
+      # (greedy output repeats the last prompt token, which NGRAM finds), so
+      # a verify keeps most of its 8 drafts; bs 1-64, speed only (no parity)
+      model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
+      serve --model "$model" --arms stock-triton replayssm --dummy-init echo \
+        --batch-sizes 1 16 64 --output-len 128 --warmup-runs 0 --health-timeout 240 \
         --server-args "$NGRAM --cuda-graph-max-bs-decode 64" ;;
     spec-nextn|spec-nextn:*) # the same with NEXTN: a draft model (the MTP layer
       # SGLang derives from the config, dummy weights), a chain of 4 (SGLang's
