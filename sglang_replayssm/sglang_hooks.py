@@ -164,6 +164,8 @@ def install_cli_hooks() -> None:
 
     def from_cli_args(cls, args: argparse.Namespace):
         config = config_from_namespace(args)
+        if config.enabled:
+            resolve_radix_cache_strategy(args)
         server_args = original_from(cls, args)
         if config.enabled:
             prepare_launch(config, server_args)
@@ -201,6 +203,68 @@ def model_family(hf_config) -> str:
         f"--enable-replayssm: {archs[0]} has no Mamba-2 or Gated DeltaNet layers ReplaySSM "
         "supports (Mamba-2: NemotronH, FalconH1, GraniteMoeHybrid; GDN: Qwen3-Next, "
         "Qwen3.5); drop the flag to serve it with stock SGLang")
+
+
+def _uses_mamba_radix_cache(hf_config) -> bool:
+    """Whether SGLang serves this model with the mamba radix cache: the guard
+    of arg_groups/overrides.py:1476-1486 (_mamba_radix_cache_resolution)."""
+    from sglang.srt.arg_groups.overrides import _MAMBA_RADIX_CACHE_ARCHS
+    from sglang.srt.configs.linear_attn_model_registry import get_linear_attn_spec_by_arch
+
+    arch = (getattr(hf_config, "architectures", None) or [""])[0]
+    if arch == "GraniteMoeHybridForCausalLM":
+        in_branch = "mamba" in (getattr(hf_config, "layer_types", None) or [])
+    else:
+        in_branch = arch in _MAMBA_RADIX_CACHE_ARCHS
+    spec = get_linear_attn_spec_by_arch(arch)
+    return in_branch or (spec is not None and spec.uses_mamba_radix_cache)
+
+
+def resolve_radix_cache_strategy(args: argparse.Namespace) -> None:
+    """Launcher side, before ServerArgs resolves ``--mamba-radix-cache-strategy
+    auto``: with the radix cache on, ReplaySSM needs ``no_buffer``.
+
+    ``no_buffer`` caches a request's own slot (checkpoint, input buffer and
+    cursors: exact, the pool's copy_from clones all of them). ``extra_buffer``,
+    what ``auto`` becomes on CUDA with overlap scheduling
+    (arg_groups/overrides.py:1490-1502), snapshots the state tensor alone into
+    track slots every ``--mamba-track-interval`` tokens, without the buffered
+    tokens. So ``auto`` resolves to ``no_buffer`` here, with overlap scheduling
+    off as ``no_buffer`` requires (server_args.py:5575-5582), which is what
+    SGLang's own ``auto`` does for models without extra_buffer support; an
+    explicit extra_buffer strategy or a page size above 1 is refused, naming
+    the flag. ``--disable-radix-cache`` leaves both alone."""
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    if getattr(args, "disable_radix_cache", False):
+        return
+    strategy = getattr(args, "mamba_radix_cache_strategy", "auto")
+    if strategy == "no_buffer":
+        return  # SGLang asserts --disable-overlap-schedule itself
+    hf_config = get_config(args.model_path, trust_remote_code=getattr(args, "trust_remote_code", False),
+                           revision=getattr(args, "revision", None))
+    if not _uses_mamba_radix_cache(hf_config):
+        return
+    if strategy != "auto":
+        raise ValueError(
+            f"--enable-replayssm with the radix cache needs --mamba-radix-cache-strategy "
+            f"no_buffer (it caches each request's checkpoint with its input buffer; "
+            f"{strategy} snapshots the state alone), got --mamba-radix-cache-strategy "
+            f"{strategy}; or pass --disable-radix-cache")
+    page_size = getattr(args, "page_size", None)
+    if page_size is not None and page_size > 1:
+        raise ValueError(
+            f"--enable-replayssm with the radix cache needs --page-size 1 (its "
+            f"--mamba-radix-cache-strategy no_buffer does), got --page-size {page_size}; "
+            f"or pass --disable-radix-cache")
+    args.mamba_radix_cache_strategy = "no_buffer"
+    if not getattr(args, "disable_overlap_schedule", False):
+        args.disable_overlap_schedule = True
+        logger.warning(
+            "ReplaySSM: the radix cache keeps each request's checkpoint with its input "
+            "buffer (--mamba-radix-cache-strategy no_buffer), which needs overlap "
+            "scheduling off: --disable-overlap-schedule is set. --disable-radix-cache "
+            "keeps overlap scheduling on.")
 
 
 def prepare_launch(config: ReplayConfig, server_args) -> str:

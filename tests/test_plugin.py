@@ -120,6 +120,54 @@ def test_from_cli_args_enabled_validates_and_exports(hooks, monkeypatch, tmp_pat
     assert ENV_PREFIX + "ENABLED" not in os.environ
 
 
+@pytest.mark.parametrize("model", ["qwen3-next-80b-4layer", "nemotron-h-8b-4layer",
+                                   "granite-4.0-h-4layer"])
+def test_radix_cache_resolves_to_no_buffer(hooks, monkeypatch, tmp_path, model, caplog):
+    """With the radix cache on, `auto` becomes no_buffer with overlap
+    scheduling off (extra_buffer would snapshot the state without the
+    buffer), logged; --disable-radix-cache leaves both alone; an explicit
+    extra_buffer strategy or a page size > 1 exits naming the flag."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    import make_model
+
+    (path,) = make_model.write_model_configs(str(tmp_path), [model])
+    sglang_hooks.install_cli_hooks()
+    seen = {}
+
+    def init(self, **kw):
+        seen.clear()
+        seen.update(kw)
+        self.__dict__.update(kw)
+
+    monkeypatch.setattr(ServerArgs, "__init__", init)
+
+    def launch(*flags):
+        args = _parser().parse_args(["--model-path", path, "--enable-replayssm", *flags])
+        ServerArgs.from_cli_args(args)
+        return seen["mamba_radix_cache_strategy"], seen["disable_overlap_schedule"]
+
+    with caplog.at_level("WARNING", logger="sglang_replayssm"):
+        assert launch() == ("no_buffer", True)
+    assert any("--disable-overlap-schedule is set" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sglang_replayssm"):
+        assert launch("--disable-overlap-schedule") == ("no_buffer", True)
+        assert launch("--mamba-radix-cache-strategy", "no_buffer",
+                      "--disable-overlap-schedule") == ("no_buffer", True)
+    assert not caplog.records
+    assert launch("--disable-radix-cache") == ("auto", False)
+    for strategy in ("extra_buffer", "extra_buffer_lazy"):
+        with pytest.raises(ValueError, match=f"needs --mamba-radix-cache-strategy no_buffer.*"
+                                             f"got --mamba-radix-cache-strategy {strategy}"):
+            launch("--mamba-radix-cache-strategy", strategy)
+    assert launch("--mamba-radix-cache-strategy", "extra_buffer",
+                  "--disable-radix-cache") == ("extra_buffer", False)
+    with pytest.raises(ValueError, match="needs --page-size 1.*got --page-size 16"):
+        launch("--page-size", "16")
+
+
 _STOCK = dict(enable_linear_replayssm=False, enable_linear_replayssm_spec=False, speculative_algorithm=None,
               enable_hierarchical_cache=False, enable_unified_memory=False, disaggregation_mode="null")
 
