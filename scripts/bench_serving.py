@@ -170,10 +170,11 @@ def arm_flags(family: str, arm: str, buffer_len: int, checkpoint_dtype: str,
 
 def server_command(model_path: str, family: str, arm: str, *, port: int, buffer_len: int = 16,
                    checkpoint_dtype: str = "auto", decode_route: str = "auto", extra_args=(),
-                   python: str = sys.executable):
+                   radix_cache: bool = False, python: str = sys.executable):
+    common = [f for f in COMMON_SERVER_FLAGS if not (radix_cache and f == "--disable-radix-cache")]
     return ([python, "-m", "sglang.launch_server", "--model-path", model_path,
              "--host", "127.0.0.1", "--port", str(port)]
-            + COMMON_SERVER_FLAGS + FAMILY_SERVER_FLAGS[family] + arch_server_flags(model_path)
+            + common + FAMILY_SERVER_FLAGS[family] + arch_server_flags(model_path)
             + arm_flags(family, arm, buffer_len, checkpoint_dtype, decode_route)
             + list(extra_args))
 
@@ -403,6 +404,12 @@ def http_json(url: str, payload=None, timeout: float = 60.0):
         return json.loads(resp.read().decode())
 
 
+def http_text(url: str, timeout: float = 60.0) -> str:
+    with urllib.request.urlopen(urllib.request.Request(url, method="POST"),
+                                timeout=timeout) as resp:
+        return resp.read().decode()
+
+
 class Server:
     """launch_server in its own process group, log to a file, always killed."""
 
@@ -526,6 +533,42 @@ def parity_floor_dump(args, url: str, tag: str, prompts) -> dict:
     return greedy_dump(prompts, outputs, group=n)
 
 
+_PREFILL_CACHED = re.compile(r"Prefill batch(?: \[\d+\])?, #new-seq: \d+, #new-token: \d+, "
+                             r"#cached-token: (?P<cached>\d+)")
+
+
+def cached_tokens(log_text: str) -> int:
+    """Prompt tokens the radix cache supplied, over the 'Prefill batch' lines."""
+    return sum(int(m["cached"]) for m in _PREFILL_CACHED.finditer(log_text))
+
+
+def radix_check(args, url: str, tag: str, server, prompts, outputs) -> dict:
+    """The radix cache continuing a cached request exactly (server run with
+    --radix-cache). The parity dump's requests are cached when they finish:
+    each one's key is its prompt and every output token but the last (the
+    one never fed), its SSM state whatever the slot held then (for
+    ReplaySSM with --parity-tokens below the buffer length, a checkpoint plus
+    a partly filled input buffer). Second turns, prompt + outputs + a fixed
+    random suffix, are dumped twice: against that cache (``hit``), then after
+    /flush_cache from scratch (``miss``). Greedy tokens of the two should
+    agree as the arm agrees with itself; the cached prompt tokens of each
+    dump come from the server log."""
+    rng = random.Random(4321)
+    turns = [p + o["ids"] + [rng.randrange(10, 30000) for _ in range(args.radix_suffix_len)]
+             for p, o in zip(prompts, outputs)]
+    dumps = {}
+    for which in ("hit", "miss"):
+        if which == "miss":
+            http_text(url + "/flush_cache")
+        start = len(server.log_text())
+        log(f"{tag}: radix check, second turns {which}")
+        out = generate_greedy(url, turns, args.parity_tokens, args.bench_timeout)
+        dumps[which] = greedy_dump(turns, out, cached_tokens=cached_tokens(
+            server.log_text()[start:]))
+        log(f"{tag}: radix check {which}: {dumps[which]['cached_tokens']} prompt tokens cached")
+    return dumps
+
+
 def profile_arm(args, url: str, tag: str) -> dict:
     """One more batch (the largest) under the torch profiler, after the timed
     runs; the traces are summarised into the partial and then deleted (tens of
@@ -589,7 +632,8 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
     extra = (list(FP32_ACTIVATION_ARGS) if args.fp32_activations else []) + shlex.split(args.server_args)
     launch = server_command(args.model_path, family, arm, port=args.port,
                             buffer_len=args.buffer_len, checkpoint_dtype=args.checkpoint_dtype,
-                            decode_route=decode_route, extra_args=extra)
+                            decode_route=decode_route, extra_args=extra,
+                            radix_cache=args.radix_cache)
     bench, bench_again = (bench_command(args.model_path, url, batch_sizes=args.batch_sizes,
                                         input_len=args.input_len, output_len=args.output_len,
                                         result_file=result_file, skip_warmup=again)
@@ -672,6 +716,9 @@ def run_arm(args, arm: str, family: str, env: dict) -> dict:
                     url, prompts, args.parity_tokens, args.bench_timeout))
                 if args.parity_floor_group:
                     record["parity_floor"] = parity_floor_dump(args, url, tag, prompts)
+                if args.radix_check:
+                    record["radix_check"] = radix_check(args, url, tag, server, prompts,
+                                                        record["parity"]["outputs"])
             if args.profile_steps:
                 record["profile"] = profile_arm(args, url, tag)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - the partial records what failed
@@ -703,6 +750,8 @@ def cmd_run(args) -> int:
         sys.exit(f"{args.model_path}/config.json missing: run scripts/make_model.py first")
     if args.parity_floor_group and not args.parity:
         sys.exit("--parity-floor-group needs --parity")
+    if args.radix_check and not (args.parity and args.radix_cache):
+        sys.exit("--radix-check needs --parity and --radix-cache")
     if args.repeats < 1:
         sys.exit(f"--repeats must be >= 1, got {args.repeats}")
     if args.warmup_runs < 0:
@@ -819,10 +868,8 @@ def merge_parity(records: list[dict]) -> list[dict]:
         dumps = {r["arm"]: r for r in records if r["model"] == model and r.get("parity")}
         stock_arms = sorted((a for a in dumps if a.startswith("stock-")),
                             key=lambda a: (a != "stock-triton", a))
-        if not stock_arms:
-            continue
-        ref = stock_arms[0]
-        for arm in sorted(a for a in dumps if a != ref):
+        ref = stock_arms[0] if stock_arms else None
+        for arm in sorted(a for a in dumps if ref and a != ref):
             entry = compare_parity(dumps[ref]["parity"], dumps[arm]["parity"], model=model,
                                    checkpoint_dtype=dumps[arm].get("checkpoint_dtype"))
             entry["arm"] = arm
@@ -840,6 +887,19 @@ def merge_parity(records: list[dict]) -> list[dict]:
                                    checkpoint_dtype=dumps[arm].get("checkpoint_dtype"))
             entry.update(arm=f"{arm} in groups of {floor['group']}", stock_arm=f"{arm} batched",
                          noise_floor=True, dummy_init=dumps[arm].get("dummy_init", "sglang"),
+                         activations=dumps[arm].get("activations", "model"))
+            entries.append(entry)
+        for arm in sorted(dumps):
+            radix = dumps[arm].get("radix_check")
+            if not radix:
+                continue
+            # the arm continuing cached requests against itself from scratch
+            entry = compare_parity(radix["miss"], radix["hit"], model=model,
+                                   checkpoint_dtype=dumps[arm].get("checkpoint_dtype"))
+            entry.update(arm=f"{arm} radix hit ({radix['hit']['cached_tokens']} tokens cached)",
+                         stock_arm=f"{arm} from scratch ({radix['miss']['cached_tokens']})",
+                         noise_floor=not (arm == REPLAY_ARM or arm.startswith(REPLAY_ARM + "-")),
+                         dummy_init=dumps[arm].get("dummy_init", "sglang"),
                          activations=dumps[arm].get("activations", "model"))
             entries.append(entry)
     return entries
@@ -1056,6 +1116,14 @@ def main(argv=None) -> int:
                      help="also dump the parity prompts in consecutive groups of N (0: off): "
                           "each arm against itself at another batch size, the noise floor "
                           "of greedy parity on this model")
+    run.add_argument("--radix-cache", action="store_true",
+                     help="serve every arm with the radix cache (drops --disable-radix-cache; "
+                          "ReplaySSM then runs --mamba-radix-cache-strategy no_buffer)")
+    run.add_argument("--radix-check", action="store_true",
+                     help="with --parity and --radix-cache: second turns (prompt + greedy "
+                          "output + a random suffix) dumped against the cached first turns "
+                          "and again after /flush_cache; merge compares the two per arm")
+    run.add_argument("--radix-suffix-len", type=int, default=32)
     run.add_argument("--profile-steps", type=int, default=0,
                      help="after the timed runs, profile the first N forward steps of one "
                           "more batch (the largest) with the torch profiler and store the "

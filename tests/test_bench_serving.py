@@ -682,3 +682,55 @@ def test_merge_reads_several_folders_and_refuses_an_arm_found_twice(tmp_path):
         json.dump(dup, f)
     with pytest.raises(SystemExit, match=f"{dup['model']} arm {dup['arm']} is in both"):
         bs.main(["merge", "--partial-dir", str(first), str(second), "--out-dir", str(out_dir)])
+
+
+def test_radix_check_dumps_second_turns_against_the_cache_then_from_scratch(
+        models, tmp_path, monkeypatch):
+    """--radix-cache drops --disable-radix-cache from the launch; --radix-check
+    sends second turns (prompt + the parity dump's greedy output + a suffix)
+    twice, with /flush_cache between, keeping each dump's cached prompt
+    tokens from the server log; merge compares the two per arm."""
+    _fake_bench_runs(monkeypatch, [100.0])
+    launches, calls, log = [], [], []
+
+    class LoggingServer(_WarmServer):
+        def __init__(self, cmd, log_path, env=None):
+            launches.append(cmd)
+
+        def log_text(self):
+            return "".join(log)
+
+    def fake_generate(url, prompts, tokens, timeout):
+        calls.append(("generate", [len(p) for p in prompts]))
+        cached = sum(len(p) - 1 for p in prompts) if calls.count(("flush",)) == 0 and \
+            len(calls) > 1 else 0
+        log.append(f"[t] Prefill batch, #new-seq: {len(prompts)}, #new-token: 5, "
+                   f"#cached-token: {cached}, token usage: 0.01, \n")
+        return [{"ids": [7 + i] * tokens, "logprobs": [-1.0] * tokens}
+                for i in range(len(prompts))]
+
+    monkeypatch.setattr(bs, "Server", LoggingServer)
+    monkeypatch.setattr(bs, "generate_greedy", fake_generate)
+    monkeypatch.setattr(bs, "http_text", lambda url, **kw: calls.append(("flush",)) or "ok")
+    root = os.path.dirname(models["nemotron-h-8b"])
+    common = ["run", "--model", "nemotron-h-8b", "--model-root", root, "--arms", "replayssm",
+              "--batch-sizes", "64", "--warmup-runs", "0", "--parity", "--parity-prompts", "3",
+              "--parity-tokens", "5", "--input-len", "20", "--partial-dir", str(tmp_path),
+              "--log-dir", str(tmp_path)]
+    with pytest.raises(SystemExit, match="--radix-check needs --parity and --radix-cache"):
+        bs.main(common + ["--radix-check"])
+    assert bs.main(common + ["--radix-cache", "--radix-check", "--radix-suffix-len", "4"]) == 0
+    assert "--disable-radix-cache" not in launches[0]
+    assert calls == [("generate", [20] * 3), ("generate", [29] * 3), ("flush",),
+                     ("generate", [29] * 3)]
+    rec = json.load(open(tmp_path / "e2e_nemotron-h-8b_replayssm.json"))
+    hit, miss = rec["radix_check"]["hit"], rec["radix_check"]["miss"]
+    assert (hit["cached_tokens"], miss["cached_tokens"]) == (84, 0)
+    assert hit["prompts_sha256"] == miss["prompts_sha256"] != rec["parity"]["prompts_sha256"]
+    (entry,) = bs.merge_parity([rec])  # no stock arm: only the arm against itself
+    assert entry["arm"] == "replayssm radix hit (84 tokens cached)"
+    assert entry["stock_arm"] == "replayssm from scratch (0)"
+    assert entry["identical_prompts"] == 3 and not entry["noise_floor"]
+    assert bs.cached_tokens("".join(log)) == 84
+    assert bs.server_command(models["nemotron-h-8b"], "mamba2", "replayssm",
+                             port=1).count("--disable-radix-cache") == 1

@@ -21,6 +21,8 @@
 #   parity-floor[:M]  the same plus each arm against itself in groups of 8 (noise floor)
 #   parity-ours[:M]   only our arm (its dump merges with a stock partial kept from an
 #                 earlier call: bench_serving.py merge checks both saw the same prompts)
+#   radix[:M]     the radix cache: second turns against cached first turns vs from
+#                 scratch, per arm, fp32 activations (default M qwen3-next-80b-4layer)
 #   spec[:M]      speculative decoding (NGRAM, 8 drafts) served, stock triton vs ours,
 #                 greedy tokens dumped (default M qwen3-next-80b-4layer)
 #   spec-accept[:M] the same with echo dummy weights (drafts accepted), bs 1/16/64, speed
@@ -103,6 +105,13 @@ for step in "$@"; do
       [ "$l" -gt 60 ] && serve --model "$model" --arms replayssm --checkpoint-dtype bfloat16 \
         --server-args "--replayssm-fold-dtype float32" --batch-sizes 1 64 256 --repeats 2 \
         --health-timeout 200 ;;
+    radix|radix:*) # the radix cache (ReplaySSM: no_buffer, the slot with its
+      # buffer cached): second turns against the cached first turns (16 greedy
+      # tokens: 15 in the buffer) vs the same from scratch, per arm, fp32
+      model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
+      serve --model "$model" --arms stock-triton replayssm --parity --radix-cache --radix-check \
+        --dummy-init scaled --fp32-activations --batch-sizes 1 --output-len 16 --warmup-runs 0 \
+        --parity-tokens 16 --health-timeout 200 ;;
     spec|spec:*) # speculative decoding served (NGRAM: no draft model, a tree of
       # drafts), stock triton vs ours, bf16, scaled dummy weights: both serve,
       # greedy tokens dumped for the parity record (default M qwen3-next-80b-4layer)
