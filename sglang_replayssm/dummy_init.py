@@ -37,7 +37,7 @@ import zlib
 
 import torch
 
-__all__ = ["scaled_dummy_weights", "echo_dummy_weights", "DUMMY_INITS"]
+__all__ = ["scaled_dummy_weights", "echo_dummy_weights", "echo_parameters", "DUMMY_INITS"]
 
 WEIGHT_STD = 0.02
 # |e_t| = 0.02 * 20 * sqrt(d): a 2048-wide model's embedding has norm ~18,
@@ -83,12 +83,10 @@ def scaled_dummy_weights(model: torch.nn.Module, seed: int = 1234) -> None:
         _fill(name, t, g)
 
 
-@torch.no_grad()
-def echo_dummy_weights(model: torch.nn.Module, seed: int = 1234) -> None:
-    """:func:`scaled_dummy_weights`, then the token embedding scaled by
-    ``ECHO_EMBEDDING_SCALE`` and copied into the LM head (see the module doc).
-    A model with tied embeddings keeps them tied."""
-    scaled_dummy_weights(model, seed=seed)
+def echo_parameters(model: torch.nn.Module) -> tuple[str, str | None]:
+    """(token embedding, LM head) parameter names :func:`echo_dummy_weights`
+    ties; the head is None where the model already ties them (one parameter).
+    The embedding: the one 2-D ``*embed*.weight`` shaped like the head."""
     params = dict(model.named_parameters())
     heads = [n for n in params if n.endswith("lm_head.weight")]
     if len(heads) > 1:
@@ -100,10 +98,21 @@ def echo_dummy_weights(model: torch.nn.Module, seed: int = 1234) -> None:
         raise ValueError(f"echo dummy init needs one token embedding (a 2-D '*embed*.weight' "
                          f"shaped like the LM head), found {embeddings} in "
                          f"{type(model).__name__}")
-    embedding = params[embeddings[0]]
+    return embeddings[0], (heads[0] if heads else None)
+
+
+@torch.no_grad()
+def echo_dummy_weights(model: torch.nn.Module, seed: int = 1234) -> None:
+    """:func:`scaled_dummy_weights`, then the token embedding scaled by
+    ``ECHO_EMBEDDING_SCALE`` and copied into the LM head (see the module doc).
+    A model with tied embeddings keeps them tied."""
+    embedding_name, head_name = echo_parameters(model)
+    scaled_dummy_weights(model, seed=seed)
+    params = dict(model.named_parameters())
+    embedding = params[embedding_name]
     embedding.mul_(ECHO_EMBEDDING_SCALE)
-    if heads and params[heads[0]].data_ptr() != embedding.data_ptr():
-        params[heads[0]].copy_(embedding)
+    if head_name is not None and params[head_name].data_ptr() != embedding.data_ptr():
+        params[head_name].copy_(embedding)
 
 
 DUMMY_INITS = {"scaled": scaled_dummy_weights, "echo": echo_dummy_weights}

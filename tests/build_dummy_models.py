@@ -2,9 +2,9 @@
 
     python tests/build_dummy_models.py ROOT NAME...
 
-Prints one JSON line per model: its SGLang class, parameter count and the
+Prints one JSON line per model: its SGLang class, parameter count, the
 class names of the SSM mixers it built (a layer SGLang would serve as
-Mamba-2 or GDN). tests/test_make_model.py runs it in a subprocess, because
+Mamba-2 or GDN) and the embedding / LM head ``--dummy-init echo`` ties. tests/test_make_model.py runs it in a subprocess, because
 building a model needs process-wide state: a (one-rank, gloo) distributed
 group and the runtime context that ``sglang.srt.runtime_context.publish``
 fills from ServerArgs. A config field the model code reads but the config
@@ -44,6 +44,8 @@ def main(root: str, names: list[str]) -> None:
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.utils.hf_transformers_utils import get_config
 
+    from sglang_replayssm.dummy_init import echo_parameters
+
     init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                  distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
     initialize_model_parallel(1)
@@ -63,9 +65,13 @@ def main(root: str, names: list[str]) -> None:
                 torch.device("meta"):
             model = cls(config=cfg)
         mixers = [type(m).__name__ for m in model.modules() if type(m).__name__ in SSM_MIXERS]
+        try:  # what --dummy-init echo would tie in this model
+            echo = list(echo_parameters(model))
+        except ValueError as e:
+            echo = str(e)
         print(json.dumps({"name": name, "class": cls.__name__,
                           "params": sum(p.numel() for p in model.parameters()),
-                          "ssm_mixers": mixers}), flush=True)
+                          "ssm_mixers": mixers, "echo": echo}), flush=True)
         runtime_context.reset_context()
 
 

@@ -79,6 +79,8 @@ def test_every_model_builds_in_sglang(model_root):
         assert rec["class"] == cfg_json["architectures"][0]
         assert len(rec["ssm_mixers"]) == want["layers"], name
         assert set(rec["ssm_mixers"]) <= mixer[want["family"]], name
+        # --dummy-init echo finds the token embedding and the LM head
+        assert isinstance(rec["echo"], list) and "embed" in rec["echo"][0], (name, rec["echo"])
     # sizes the names promise (dummy vocab 131072; Qwen3-Next keeps 64 of 512 experts)
     assert 7.5e9 < built["nemotron-h-8b"]["params"] < 8.5e9
     assert 3.5e9 < built["nemotron-3-nano-4b"]["params"] < 4.5e9
