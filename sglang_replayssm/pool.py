@@ -350,6 +350,15 @@ class ReplayMambaPool(MambaPool):
         whose entries a tree verify's accepted path moves."""
         return tuple(t for name, t in self.replay_tensors().items() if name != "checkpoint_fold")
 
+    def slot_tensors(self) -> Tuple[torch.Tensor, ...]:
+        """Every tensor that holds a slot's state, as [layers, S+1, ...]: the
+        conv states, the checkpoint, the fold copy, the rings and the cursors
+        (as [1, S+1]). What a copy of a whole slot copies (copy_from, a radix
+        track snapshot)."""
+        c = self.mamba_cache
+        return (*c.conv, c.temporal, *self.replay_tensors().values(),
+                self.fill[None], self.origin[None])
+
     def mamba2_layer_cache(self, layer_id: int):
         cache = super().mamba2_layer_cache(layer_id)
         if self._scan_on_fold_copy:
