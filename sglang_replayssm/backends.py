@@ -47,6 +47,7 @@ from sglang_replayssm.kernels.gdn_replay import (gdn_replay_decode, gdn_replay_f
                                                  gdn_replay_verify)
 from sglang_replayssm.kernels.mamba2_replay import (mamba2_replay_decode, mamba2_replay_flush,
                                                     mamba2_replay_verify)
+from sglang_replayssm.kernels.slots import copy_slots
 from sglang_replayssm.pool import ReplayMambaPool
 
 logger = logging.getLogger("sglang_replayssm")
@@ -138,15 +139,6 @@ class _ReplayStep:
         if pool.family != family:
             raise RuntimeError(f"--enable-replayssm: the pool was built for {pool.family!r} "
                                f"layers but the model's SSM layers are {family!r}")
-        if not getattr(server_args, "disable_radix_cache", False) and \
-                getattr(server_args, "mamba_radix_cache_strategy", "no_buffer") != "no_buffer":
-            # extra_buffer snapshots the state tensor alone into track slots:
-            # the buffered tokens would be lost from the cached prefix.
-            raise ValueError(
-                "--enable-replayssm with the radix cache needs "
-                "--mamba-radix-cache-strategy no_buffer (which needs "
-                "--disable-overlap-schedule), or --disable-radix-cache; got "
-                f"--mamba-radix-cache-strategy {server_args.mamba_radix_cache_strategy}")
         self.req_to_token_pool = req_to_token_pool
         self.pool = pool
         self.last_layer_id = max(req_to_token_pool.mamba_map)
@@ -159,9 +151,42 @@ class _ReplayStep:
         commit(p.fill, p.origin, slots, mode=mode, buffer_len=p.buffer_len,
                capacity=p.capacity)
 
+    # -- the radix cache's track snapshots (--mamba-radix-cache-strategy
+    # extra_buffer): SGLang copies a request's conv and SSM state into its
+    # track slot when its length crosses a multiple of --mamba-track-interval;
+    # here the slot's state is the checkpoint, fold copy, buffer and cursors
+    # together, so the snapshot takes all of them.
+
+    def track_decode(self, slots: torch.Tensor, track_slots: torch.Tensor,
+                     mask: torch.Tensor) -> None:
+        """After a forward's commit (every layer's buffer holds this step's
+        token): whole-slot copies ``slots[r] -> track_slots[r]`` where
+        ``mask[r]`` (as track_mamba_states_all_layers, hybrid_linear_attn_backend.py:757-799,
+        copies conv and state). Inside the CUDA graph; rows off the mask
+        return at once."""
+        n = mask.shape[0]
+        copy_slots(self.pool.slot_tensors(), slots[:n], track_slots[:n], mask)
+
+    def track_extend_fixup(self, cache, md, last_layer: bool) -> None:
+        """After SGLang's extend tracking (``_track_mamba_state_extend`` and the
+        causal conv's ``track_conv_indices``) wrote a plain state, the scan's
+        state at a chunk boundary or its final state, into track slots' state
+        tensor: with a fold copy that tensor was the fold copy (the scan runs on
+        it), so the read copy follows; at the last layer the track slots'
+        buffers are emptied (they hold no buffered token)."""
+        if not getattr(md, "has_mamba_track_mask", False):
+            return
+        dst = torch.cat([md.track_ssm_h_dst, md.track_ssm_final_dst]).long()
+        if cache.checkpoint_fold is not None:
+            cache.temporal[dst] = cache.checkpoint_fold[dst].to(cache.temporal.dtype)
+        if last_layer:
+            self.pool.fill[dst] = 0
+            self.pool.origin[dst] = 0
+
     def commit_verify(self, slots: torch.Tensor, last_step: torch.Tensor,
                       retrieve_parent_token: Optional[torch.Tensor],
-                      mamba_track_indices: Optional[torch.Tensor]) -> None:
+                      mamba_track_indices: Optional[torch.Tensor] = None,
+                      mamba_steps_to_track: Optional[torch.Tensor] = None) -> None:
         """After a verify and its sampling, once for the model: roll the conv
         state to the last accepted draft (SGLang's own scatter of the conv
         windows the verify's causal conv wrote), then keep the accepted
@@ -172,13 +197,15 @@ class _ReplayStep:
 
         slots [b] (-1 = padded row), last_step [b]: the window index of each
         row's last accepted draft (SGLang's ``last_correct_step_indices``,
-        the bonus token's position)."""
+        the bonus token's position). With the radix cache's extra_buffer,
+        ``mamba_steps_to_track`` [b] is the window index of the accepted draft
+        at which a row's length crossed a track interval (-1: none) and
+        ``mamba_track_indices`` [b] its track slot: the slot after the commit
+        is copied there, keeping the buffer up to that draft, and the conv
+        state at that draft (SGLang's scatter of that conv window)."""
         from sglang.kernels.ops.mamba.mamba_state_scatter_triton import (
             fused_conv_window_scatter_with_mask)
 
-        if mamba_track_indices is not None:
-            raise NotImplementedError("ReplaySSM: mamba state tracking (radix extra_buffer) "
-                                      "is not supported")
         p = self.pool
         cache = p.mamba_cache
         # mamba_state_scatter_triton.py:375 (as commit_mamba_states_after_verify
@@ -193,6 +220,24 @@ class _ReplayStep:
                         capacity=p.capacity, stacked=True)
         commit(p.fill, p.origin, slots, mode=MODE_VERIFY, buffer_len=p.buffer_len,
                capacity=p.capacity, window=p.window, accepted=accepted)
+        if mamba_track_indices is None or mamba_steps_to_track is None:
+            return
+        steps = mamba_steps_to_track.to(slots.device)
+        mask = (steps >= 0) & (slots >= 0)
+        track = mamba_track_indices.to(slots.device)
+        copy_slots(p.slot_tensors(), slots, track, mask)
+        # the accepted drafts are the last `accepted` entries of the buffer
+        # (in path order); the snapshot keeps them up to the tracked draft
+        if retrieve_parent_token is None:
+            depth = steps
+        else:
+            depth = (path == steps[:, None]).int().argmax(1)
+        rows = mask.nonzero().flatten()  # the commit runs eagerly, after sampling
+        live = slots[rows].long()
+        p.fill[track[rows].long()] = (p.fill[live] - accepted[rows] + depth[rows] + 1).to(
+            p.fill.dtype)
+        for conv, windows in zip(cache.conv, cache.intermediate_conv_window):
+            fused_conv_window_scatter_with_mask(conv, windows, track, torch.where(mask, steps, -1))
 
 
 def _log_enabled(family: str, pool: ReplayMambaPool, num_layers: int) -> None:
@@ -219,9 +264,6 @@ class ReplayMamba2AttnBackend(Mamba2AttnBackend):
     def forward(self, mixer, hidden_states, output, layer_id, forward_batch, mup_vector=None,
                 use_triton_causal_conv=False):
         md = self.forward_metadata
-        if forward_batch.mamba_track_mask is not None:
-            raise NotImplementedError("ReplaySSM: mamba state tracking (radix extra_buffer) is "
-                                      "not supported")
         use_triton_causal_conv = self._use_triton_causal_conv(use_triton_causal_conv)
         layer = self.replay.layer(layer_id)
         cache, pool = layer.cache, layer.pool
@@ -238,19 +280,29 @@ class ReplayMamba2AttnBackend(Mamba2AttnBackend):
                 # the scan reads and writes the precise copy
                 mixer_cache = dataclasses.replace(cache, temporal=cache.checkpoint_fold)
         with _running(layer):
-            mixer_out, _ = mixer.forward(
+            mixer_out, intermediate_states = mixer.forward(
                 hidden_states=hidden_states, output=output, layer_cache=mixer_cache,
                 metadata=md, mup_vector=mup_vector,
                 use_triton_causal_conv=use_triton_causal_conv)
+        last = layer_id == self.replay.last_layer_id
+        tracking = forward_batch.mamba_track_mask is not None
+        if n_p > 0 and tracking:  # as Mamba2AttnBackend.forward (hybrid_linear_attn_backend.py:910-918)
+            self._track_mamba_state_extend(forward_batch, intermediate_states,
+                                           mixer_cache.temporal, md)
         if n_p > 0 and cache.checkpoint_fold is not None:
             idx = prefill_slots.long()
             cache.temporal[idx] = cache.checkpoint_fold[idx].to(cache.temporal.dtype)
+        if n_p > 0 and tracking:
+            self.replay.track_extend_fixup(cache, md, last)
         # a verify's cursors move in commit_verify, once the drafts are accepted
-        if layer_id == self.replay.last_layer_id and not md.is_target_verify:
+        if last and not md.is_target_verify:
             if n_p > 0:
                 self.replay.commit(prefill_slots, MODE_FLUSH)
             if n_d > 0:
                 self.replay.commit(slots[n_p:n_p + n_d], MODE_DECODE)
+                if tracking:  # hybrid_linear_attn_backend.py:920-930, after the commit
+                    self.replay.track_decode(slots[-n_d:], md.mamba_track_indices[-n_d:],
+                                             forward_batch.mamba_track_mask[-n_d:])
         return mixer_out
 
 
@@ -309,7 +361,13 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
         with _running(self.replay.layer(layer.layer_id)):
             out = super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if layer.layer_id == self.replay.last_layer_id:
-            self.replay.commit(self.forward_metadata.mamba_cache_indices, MODE_DECODE)
+            md = self.forward_metadata
+            self.replay.commit(md.mamba_cache_indices, MODE_DECODE)
+            if forward_batch.mamba_track_mask is not None:
+                # the stock body's snapshot (_track_mamba_state_decode) took the
+                # checkpoint alone, before this commit: the whole slot replaces it
+                self.replay.track_decode(md.mamba_cache_indices, md.mamba_track_indices,
+                                         forward_batch.mamba_track_mask)
         return out
 
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
@@ -330,7 +388,11 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
         if c.checkpoint_fold is not None:
             idx = slots.long()
             c.temporal[idx] = c.checkpoint_fold[idx].to(c.temporal.dtype)
-        if layer.layer_id == self.replay.last_layer_id:
+        last = layer.layer_id == self.replay.last_layer_id
+        if forward_batch.mamba_track_mask is not None:
+            # the stock body tracked the scan's states into the track slots
+            self.replay.track_extend_fixup(c, self.forward_metadata, last)
+        if last:
             self.replay.commit(slots, MODE_FLUSH)
         return out
 
@@ -371,7 +433,8 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
 
 
 def commit_after_verify(backend, last_correct_step_indices: torch.Tensor,
-                        mamba_track_indices: Optional[torch.Tensor] = None) -> bool:
+                        mamba_track_indices: Optional[torch.Tensor] = None,
+                        mamba_steps_to_track: Optional[torch.Tensor] = None) -> bool:
     """The post-verify commit for a ReplaySSM linear-attention ``backend``
     (what SGLang's ``update_mamba_state_after_mtp_verify`` does with its
     per-draft state snapshots; see :meth:`_ReplayStep.commit_verify`): the
@@ -384,5 +447,7 @@ def commit_after_verify(backend, last_correct_step_indices: torch.Tensor,
     rows = last_correct_step_indices.shape[0]  # the batch's requests, without CUDA-graph padding
     parents = md.retrieve_parent_token
     replay.commit_verify(md.mamba_cache_indices[:rows], last_correct_step_indices,
-                         None if parents is None else parents[:rows], mamba_track_indices)
+                         None if parents is None else parents[:rows],
+                         None if mamba_track_indices is None else mamba_track_indices[:rows],
+                         None if mamba_steps_to_track is None else mamba_steps_to_track[:rows])
     return True

@@ -222,49 +222,42 @@ def _uses_mamba_radix_cache(hf_config) -> bool:
 
 def resolve_radix_cache_strategy(args: argparse.Namespace) -> None:
     """Launcher side, before ServerArgs resolves ``--mamba-radix-cache-strategy
-    auto``: with the radix cache on, ReplaySSM needs ``no_buffer``.
+    auto``: with the radix cache on, ReplaySSM's ``auto`` is ``no_buffer``.
 
-    ``no_buffer`` caches a request's own slot (checkpoint, input buffer and
-    cursors: exact, the pool's copy_from clones all of them). ``extra_buffer``,
-    what ``auto`` becomes on CUDA with overlap scheduling
-    (arg_groups/overrides.py:1490-1502), snapshots the state tensor alone into
-    track slots every ``--mamba-track-interval`` tokens, without the buffered
-    tokens. So ``auto`` resolves to ``no_buffer`` here, with overlap scheduling
-    off as ``no_buffer`` requires (server_args.py:5575-5582), which is what
-    SGLang's own ``auto`` does for models without extra_buffer support; an
-    explicit extra_buffer strategy or a page size above 1 is refused, naming
-    the flag. ``--disable-radix-cache`` leaves both alone."""
+    Both strategies cache exact states. ``no_buffer`` caches a finished
+    request's own slot (checkpoint, input buffer and cursors: the pool's
+    copy_from clones all of them). ``extra_buffer`` snapshots a request into
+    its track slot every ``--mamba-track-interval`` tokens; with ReplaySSM
+    the snapshot copies the whole slot (backends._ReplayStep.track_decode),
+    which is CPU-tested but has not been served yet, so ``auto``, which
+    SGLang resolves to extra_buffer on CUDA with overlap scheduling
+    (arg_groups/overrides.py:1490-1502), resolves to ``no_buffer`` here, with
+    overlap scheduling off as it requires (server_args.py:5575-5582), which
+    is what SGLang's own ``auto`` does for models without extra_buffer
+    support. An explicit strategy, ``--page-size`` above 1 (no_buffer needs
+    pages of one token; auto then picks extra_buffer) and
+    ``--disable-radix-cache`` are left to SGLang."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     if getattr(args, "disable_radix_cache", False):
         return
-    strategy = getattr(args, "mamba_radix_cache_strategy", "auto")
-    if strategy == "no_buffer":
-        return  # SGLang asserts --disable-overlap-schedule itself
+    if getattr(args, "mamba_radix_cache_strategy", "auto") != "auto":
+        return
+    page_size = getattr(args, "page_size", None)
+    if page_size is not None and page_size > 1:
+        return
     hf_config = get_config(args.model_path, trust_remote_code=getattr(args, "trust_remote_code", False),
                            revision=getattr(args, "revision", None))
     if not _uses_mamba_radix_cache(hf_config):
         return
-    if strategy != "auto":
-        raise ValueError(
-            f"--enable-replayssm with the radix cache needs --mamba-radix-cache-strategy "
-            f"no_buffer (it caches each request's checkpoint with its input buffer; "
-            f"{strategy} snapshots the state alone), got --mamba-radix-cache-strategy "
-            f"{strategy}; or pass --disable-radix-cache")
-    page_size = getattr(args, "page_size", None)
-    if page_size is not None and page_size > 1:
-        raise ValueError(
-            f"--enable-replayssm with the radix cache needs --page-size 1 (its "
-            f"--mamba-radix-cache-strategy no_buffer does), got --page-size {page_size}; "
-            f"or pass --disable-radix-cache")
     args.mamba_radix_cache_strategy = "no_buffer"
     if not getattr(args, "disable_overlap_schedule", False):
         args.disable_overlap_schedule = True
         logger.warning(
-            "ReplaySSM: the radix cache keeps each request's checkpoint with its input "
-            "buffer (--mamba-radix-cache-strategy no_buffer), which needs overlap "
-            "scheduling off: --disable-overlap-schedule is set. --disable-radix-cache "
-            "keeps overlap scheduling on.")
+            "ReplaySSM: the radix cache keeps each finished request's checkpoint with its "
+            "input buffer (--mamba-radix-cache-strategy no_buffer), which needs overlap "
+            "scheduling off: --disable-overlap-schedule is set. --mamba-radix-cache-strategy "
+            "extra_buffer or --disable-radix-cache keeps overlap scheduling on.")
 
 
 def prepare_launch(config: ReplayConfig, server_args) -> str:
@@ -384,7 +377,7 @@ def install_replay_hooks(config: ReplayConfig) -> None:
                                             mamba_steps_to_track, model,
                                             req_pool_indices=None):
         if not backends.commit_after_verify(self.linear_attn_backend, last_correct_step_indices,
-                                            mamba_track_indices):
+                                            mamba_track_indices, mamba_steps_to_track):
             stock_commit(self, last_correct_step_indices, mamba_track_indices,
                          mamba_steps_to_track, model, req_pool_indices)
 

@@ -217,8 +217,11 @@ class Harness:
     def token(self):
         return mamba2_token(self.g) if self.family == "mamba2" else gdn_token(self.g)
 
-    def step(self, prefill=(), decode=()):
-        """prefill: [(rid, n_tokens)], decode: [rid or None (= padded row)]."""
+    def step(self, prefill=(), decode=(), track=None):
+        """prefill: [(rid, n_tokens)], decode: [rid or None (= padded row)];
+        track: {rid: track slot}, the radix cache's extra_buffer snapshots
+        this step takes (a prefill row's: its final state, as SGLang's extend
+        tracking copies it at an aligned end; a decode row's: after the step)."""
         tokens, expect = [], []
         for rid, n in prefill:
             for _ in range(n):
@@ -229,7 +232,17 @@ class Harness:
                              dtype=torch.int32)
         md = SimpleNamespace(mamba_cache_indices=slots, num_prefills=len(prefill),
                              num_decodes=len(decode), is_target_verify=False,
-                             extend_lens=[n for _, n in prefill])
+                             extend_lens=[n for _, n in prefill], has_mamba_track_mask=False)
+        self.track_mask = None
+        if track:
+            rows = [r for r, _ in prefill] + list(decode)
+            self.track_mask = torch.tensor([r in track for r in rows])
+            md.mamba_track_indices = torch.tensor([track.get(r, 0) for r in rows])
+            ext = [(self.slot(r), track[r]) for r, _ in prefill if r in track]
+            md.has_mamba_track_mask = bool(ext)
+            md.track_ssm_h_src = md.track_ssm_h_dst = torch.zeros(0, dtype=torch.int64)
+            md.track_ssm_final_src = torch.tensor([s for s, _ in ext], dtype=torch.int64)
+            md.track_ssm_final_dst = torch.tensor([d for _, d in ext], dtype=torch.int64)
         self.be.forward_metadata = md
         for lid in LAYERS:
             got = self.run_layer(lid, md, stack(tokens))
@@ -254,7 +267,7 @@ class Harness:
             assert self.fill(rid) == self.expected_fill[rid], rid
 
     def run_layer(self, lid, md, inp):
-        fb = SimpleNamespace(mamba_track_mask=None, forward_mode=SimpleNamespace(
+        fb = SimpleNamespace(mamba_track_mask=self.track_mask, forward_mode=SimpleNamespace(
             is_target_verify=lambda: False))
         if self.family == "mamba2":
             return self.be.forward(self.layers[lid], inp, None, lid, fb)
@@ -356,15 +369,84 @@ def test_stock_selective_state_update_outside_replay_layers(monkeypatch, ssu_hoo
     assert seen == {"called": True}
 
 
-def test_radix_extra_buffer_is_refused(monkeypatch):
+def test_replay_step_checks_the_pool(monkeypatch):
     r2t = make_pool(monkeypatch, mamba2_params(), "mamba2", ReplayConfig(buffer_len=L))
-    args = SimpleNamespace(disable_radix_cache=False, mamba_radix_cache_strategy="extra_buffer")
-    with pytest.raises(ValueError, match="--mamba-radix-cache-strategy no_buffer"):
-        backends._ReplayStep(r2t, args, "mamba2")
     with pytest.raises(RuntimeError, match="built for 'mamba2' layers"):
         backends._ReplayStep(r2t, SimpleNamespace(disable_radix_cache=True), "gdn")
-    backends._ReplayStep(r2t, SimpleNamespace(disable_radix_cache=False,
-                                              mamba_radix_cache_strategy="no_buffer"), "mamba2")
+    for strategy in ("no_buffer", "extra_buffer", "extra_buffer_lazy"):
+        backends._ReplayStep(r2t, SimpleNamespace(disable_radix_cache=False,
+                                                  mamba_radix_cache_strategy=strategy), "mamba2")
+
+
+def track_scenario(h: Harness):
+    """The radix cache's extra_buffer snapshots: a prefill's final state and
+    a decode step's whole slot (checkpoint, fold copy, buffer mid-fill,
+    cursors) copied into track slots that held another request's stale
+    state; each snapshot then serves as a cached prefix (a new request
+    continuing from it, checked against the float64 truth), beside the
+    request it was taken from and one that was never tracked."""
+    h.admit("a"), h.admit("b")
+    stale = h.admit("s")  # its slot becomes a track slot: a stale buffer and cursors
+    h.step(prefill=[("a", 3), ("b", 2), ("s", 2)])
+    for _ in range(L + 1):
+        h.step(decode=["a", "s"])
+    dst = h.slot("s")
+    assert h.fill("s") != 0
+    h.reqs.pop("s"), h.expected_fill.pop("s")
+    # a prefill row's final state tracked (the conv kernel's own tracking and
+    # SGLang's copy of the scan's state; the buffer left stale is emptied)
+    h.admit("c")
+    h.step(prefill=[("c", 3)], decode=["a", "b"], track={"c": dst})
+    adopt(h, "c", dst, "t1")
+    for _ in range(3):
+        h.step(decode=["t1", "c", "a"])
+    # a decode row's whole slot, its buffer part full
+    t2 = req()
+    h.r2t.alloc([t2])
+    while not 0 < h.fill("a") < L - 1:  # part full after the tracked step too
+        h.step(decode=["a", "t1"])
+    h.step(decode=["t1", "a", "b"], track={"a": int(t2.mamba_pool_idx)})
+    src, dst2 = h.slot("a"), int(t2.mamba_pool_idx)
+    assert h.fill("a") != 0
+    for t in h.pool.slot_tensors():
+        assert torch.equal(t[:, dst2], t[:, src])
+    adopt(h, "a", dst2, "t2", r=t2)
+    for _ in range(L + 1):  # across a flush of the snapshot's own buffer
+        h.step(decode=["t2", "a", "b", "t1"])
+
+
+def adopt(h: Harness, src_rid, slot, rid, r=None):
+    """A request continuing from the snapshot in ``slot`` of ``src_rid``'s state."""
+    if r is None:
+        r = req()
+        h.r2t.alloc([r])
+        r.mamba_pool_idx.fill_(slot)  # the track slot donated to the cache, then matched
+    h.reqs[rid] = r
+    h.expected_fill[rid] = h.expected_fill[src_rid]
+    for lid in LAYERS:
+        h.truth.h[(rid, lid)] = h.truth.h[(src_rid, lid)].clone()
+
+
+def _track_config(monkeypatch, fold: bool) -> ReplayConfig:
+    if not fold:
+        return ReplayConfig(buffer_len=L)
+    # outputs within bf16 rounding of the read copy (the fold copy stays exact:
+    # a drifting one would grow the error flush after flush)
+    monkeypatch.setitem(TOL, "rtol", 3e-2)
+    monkeypatch.setitem(TOL, "atol", 3e-2)
+    return ReplayConfig(buffer_len=L, checkpoint_dtype="bfloat16", fold_dtype="float32")
+
+
+@PADDED_ROW_GARBAGE
+@pytest.mark.parametrize("fold", [False, True], ids=["fp32", "fold-copy"])
+def test_mamba2_radix_track_snapshots(monkeypatch, ssu_hook, fold):
+    track_scenario(Harness(monkeypatch, "mamba2", _track_config(monkeypatch, fold), seed=5))
+
+
+@PADDED_ROW_GARBAGE
+@pytest.mark.parametrize("fold", [False, True], ids=["fp32", "fold-copy"])
+def test_gdn_radix_track_snapshots(monkeypatch, gdn_stock_bodies, fold):
+    track_scenario(Harness(monkeypatch, "gdn", _track_config(monkeypatch, fold), seed=6))
 
 
 # -------------------------------------------------------------------- GDN --
@@ -428,6 +510,8 @@ def gdn_stock_bodies(monkeypatch):
                 outs.append(_gdn_ref(h, layer, {k: v[t] for k, v in mixed_qkv.items()}).float())
                 t += 1
             state[s] = h[0].to(state.dtype)
+        if forward_batch.mamba_track_mask is not None:  # as the stock body ends
+            self._track_mamba_state_extend(forward_batch, None, state, md)
         return torch.stack(outs)
 
     monkeypatch.setattr(GDNAttnBackend, "forward_decode", forward_decode)
@@ -664,11 +748,14 @@ class _VerifyConv:
         return x
 
 
-def verify_step(h, rows, T, tree, conv):
+def verify_step(h, rows, T, tree, conv, track=None):
     """One verify of T drafts for ``rows`` (trailing None = padded rows, as
     CUDA graphs pad), every output against the float64 recurrence along its
     draft's path; then a random acceptance, the commit SGLang's spec worker
-    reaches, and the cursors, conv states and truth it leaves."""
+    reaches, and the cursors, conv states and truth it leaves. ``track``
+    {rid: track slot}: the radix cache's extra_buffer snapshot of that row at
+    a random accepted draft (SGLang's mamba_steps_to_track); returns then
+    also {rid: (fill, truth)} of each snapshot."""
     from draft_trees import path_to, random_tree
 
     n = len(rows)
@@ -706,20 +793,37 @@ def verify_step(h, rows, T, tree, conv):
                 torch.testing.assert_close(got[i * T + j].double(), want, **TOL)
     last = torch.randint(0, T, (len(live),), generator=h.g)
     fills = [h.fill(r) for r in live]
-    assert backends.commit_after_verify(h.be, last)
+    track = track or {}
+    depth = {rid: int(torch.randint(0, len(path_to(trees[i], int(last[i]))), (1,),
+                                    generator=h.g)) for i, rid in enumerate(live) if rid in track}
+    steps = torch.tensor([path_to(trees[i], int(last[i]))[depth[rid]] if rid in track else -1
+                          for i, rid in enumerate(live)])
+    track_slots = torch.tensor([track.get(rid, 0) for rid in live])
+    assert backends.commit_after_verify(h.be, last, *((track_slots, steps) if track else ()))
+    snapshots = {}
     for i, rid in enumerate(live):
         path = path_to(trees[i], int(last[i]))
+        truth = {}
         for lid in LAYERS:
-            for k in path:
+            for d, k in enumerate(path):
                 _apply(h, lid, h.truth.h[(rid, lid)], tokens[i][k])
+                if rid in track and d == depth[rid]:
+                    truth[lid] = h.truth.h[(rid, lid)].clone()
         f = fills[i]
         h.expected_fill[rid] = len(path) if f + T >= L_SPEC else f + len(path)
         if h.family == "gdn":  # the conv state is the window after the last accepted draft
             for c in h.pool.mamba_cache.conv:
                 assert bool((c[:, h.slot(rid)] == 10 * i + int(last[i]) + 1).all())
+        if rid in track:
+            dst, fill = track[rid], h.expected_fill[rid] - len(path) + depth[rid] + 1
+            assert int(h.pool.fill[dst]) == fill
+            for c in h.pool.mamba_cache.conv if h.family == "gdn" else ():
+                assert bool((c[:, dst] == 10 * i + int(steps[i]) + 1).all())
+            snapshots[rid] = (fill, truth)
     for rid in h.reqs:
         assert h.fill(rid) == h.expected_fill[rid], rid
-    return [len(path_to(trees[i], int(last[i]))) for i in range(len(live))], fills
+    acc = [len(path_to(trees[i], int(last[i]))) for i in range(len(live))]
+    return (acc, fills, snapshots) if track else (acc, fills)
 
 
 L_SPEC = 6  # buffer_len of the verify tests: T = 3 drafts, ring capacity 8
@@ -760,6 +864,50 @@ def test_speculative_verify_and_commit(monkeypatch, ssu_hook, gdn_stock_bodies, 
         accepted += acc
         flushed += sum(f + T >= L_SPEC for f in fills)
     assert flushed >= 4 and set(accepted) == {1, 2, 3}
+
+
+@PADDED_ROW_GARBAGE
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_speculative_commit_radix_track_snapshots(monkeypatch, ssu_hook, gdn_stock_bodies,
+                                                  family, tree):
+    """The radix cache's extra_buffer snapshot in a verify's commit: a row's
+    state at one of its accepted drafts (its buffer up to that draft, the
+    conv window after it) copied into a track slot, which then serves as a
+    cached prefix: a request continuing from it through more verifies,
+    every draft checked against the float64 truth."""
+    from sglang.kernels.ops.mamba import mamba_state_scatter_triton
+    from sglang.srt.layers.attention.linear import gdn_backend
+
+    monkeypatch.setattr(mamba_state_scatter_triton, "fused_conv_window_scatter_with_mask",
+                        _conv_window_scatter)
+    conv = _VerifyConv()
+    monkeypatch.setattr(gdn_backend, "causal_conv1d_update", conv, raising=False)
+    T = 3
+    h = Harness(monkeypatch, family, ReplayConfig(buffer_len=L_SPEC), seed=13, drafts=T,
+                topk=2 if tree else None)
+    if family == "gdn":
+        h.be.verify_intermediate_state_indices = torch.arange(SLOTS + 1, dtype=torch.int32)
+    h.admit("a"), h.admit("b")
+    h.step(prefill=[("a", 3), ("b", 2)])
+    snaps = 0
+    for step in range(6):
+        t = req()
+        h.r2t.alloc([t])
+        rows = ["a", "b"] + [r for r in h.reqs if r.startswith("t")][-1:] + [None]
+        _, _, shots = verify_step(h, rows, T, tree, conv, track={"a": int(t.mamba_pool_idx)})
+        fill, truth = shots["a"]
+        rid = f"t{step}"
+        h.reqs[rid], h.expected_fill[rid] = t, fill
+        for lid in LAYERS:
+            h.truth.h[(rid, lid)] = truth[lid]
+        snaps += 1
+        if step >= 2:  # keep the pool's slots: retire the oldest snapshot
+            old = h.reqs.pop(f"t{step - 2}")
+            h.r2t.free_mamba_cache(old)
+            h.r2t.free(old)
+            h.expected_fill.pop(f"t{step - 2}")
+    assert snaps == 6
 
 
 def _sglang_tree(parents):
