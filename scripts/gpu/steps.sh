@@ -23,6 +23,8 @@
 #                 earlier call: bench_serving.py merge checks both saw the same prompts)
 #   radix[:M]     the radix cache: second turns against cached first turns vs from
 #                 scratch, per arm, fp32 activations (default M qwen3-next-80b-4layer)
+#   radix-extra[:M]  ours alone with --mamba-radix-cache-strategy extra_buffer (track
+#                 snapshots every 64 tokens, decode ones with a part-full buffer)
 #   spec[:M]      speculative decoding (NGRAM, 8 drafts) served, stock triton vs ours,
 #                 greedy tokens dumped (default M qwen3-next-80b-4layer)
 #   spec-accept[:M] the same with echo dummy weights (drafts accepted), bs 1/16/64, speed
@@ -112,6 +114,14 @@ for step in "$@"; do
       serve --model "$model" --arms stock-triton replayssm --parity --radix-cache --radix-check \
         --dummy-init scaled --fp32-activations --batch-sizes 1 --output-len 16 --warmup-runs 0 \
         --parity-tokens 16 --health-timeout 200 ;;
+    radix-extra|radix-extra:*) # the same for ours with extra_buffer (overlap
+      # scheduling on): snapshots every 64 tokens, prompts of 500 so that the
+      # decode snapshots (at 512 and 576) find the buffer 12 entries full
+      model=${step#*:}; [ "$model" = "$step" ] && model=qwen3-next-80b-4layer
+      serve --model "$model" --arms replayssm --parity --radix-cache --radix-check \
+        --dummy-init scaled --fp32-activations --batch-sizes 1 --output-len 16 --warmup-runs 0 \
+        --input-len 500 --parity-tokens 80 --health-timeout 200 \
+        --server-args "--mamba-radix-cache-strategy extra_buffer --mamba-track-interval 64" ;;
     spec|spec:*) # speculative decoding served (NGRAM: no draft model, a tree of
       # drafts), stock triton vs ours, bf16, scaled dummy weights: both serve,
       # greedy tokens dumped for the parity record (default M qwen3-next-80b-4layer)
