@@ -66,7 +66,7 @@ def copy_slots(tensors, src: torch.Tensor, dst: torch.Tensor, mask: torch.Tensor
         if t.dim() < 2 or not t[0, 0].is_contiguous() or t.stride(1) < numel:
             raise ValueError(f"copy_slots: a tensor must be [layers, S, ...] with each slot's "
                              f"entries contiguous, got {tuple(t.shape)} strides {t.stride()}")
-        block = min(4096, triton.next_power_of_2(numel))
+        block = min(4096, max(16, triton.next_power_of_2(numel)))
         _copy_slots_kernel[(t.shape[0] * batch,)](
             t, src, dst, mask, batch, t.stride(0), t.stride(1), NUMEL=numel, BLOCK=block,
             num_warps=4)
