@@ -130,7 +130,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
 class _ReplayStep:
     """What both backends share: the pool, the last SSM layer, the commits."""
 
-    def __init__(self, req_to_token_pool, server_args, family: str):
+    def __init__(self, req_to_token_pool, family: str):
         pool = req_to_token_pool.mamba_pool
         if not isinstance(pool, ReplayMambaPool):
             raise RuntimeError(
@@ -258,7 +258,7 @@ class ReplayMamba2AttnBackend(Mamba2AttnBackend):
 
     def __init__(self, model_runner):
         super().__init__(model_runner)
-        self.replay = _ReplayStep(self.req_to_token_pool, model_runner.server_args, "mamba2")
+        self.replay = _ReplayStep(self.req_to_token_pool, "mamba2")
         _log_enabled("mamba2", self.replay.pool, len(self.req_to_token_pool.mamba_map))
 
     def forward(self, mixer, hidden_states, output, layer_id, forward_batch, mup_vector=None,
@@ -353,7 +353,7 @@ class ReplayGDNAttnBackend(GDNAttnBackend):
 
     def __init__(self, model_runner):
         super().__init__(model_runner)
-        self.replay = _ReplayStep(self.req_to_token_pool, model_runner.server_args, "gdn")
+        self.replay = _ReplayStep(self.req_to_token_pool, "gdn")
         self.kernel_dispatcher = _ReplayGDNDispatcher(self.kernel_dispatcher)
         _log_enabled("gdn", self.replay.pool, len(self.req_to_token_pool.mamba_map))
 

@@ -182,11 +182,10 @@ class Harness:
                                                                            conv=conv_dtype))
         self.r2t = make_pool(monkeypatch, params, family, cfg, drafts, topk)
         self.pool = self.r2t.mamba_pool
-        server_args = SimpleNamespace(disable_radix_cache=True)
         cls = backends.ReplayMamba2AttnBackend if family == "mamba2" else backends.ReplayGDNAttnBackend
         be = cls.__new__(cls)  # the stock __init__ needs a ModelRunner; set what forward reads
         be.req_to_token_pool = self.r2t
-        be.replay = backends._ReplayStep(self.r2t, server_args, family)
+        be.replay = backends._ReplayStep(self.r2t, family)
         if family == "gdn":
             be.kernel_dispatcher = backends._ReplayGDNDispatcher(SimpleNamespace())
         monkeypatch.setattr(cls, "_use_triton_causal_conv", lambda self, flag: flag, raising=False)
@@ -372,10 +371,8 @@ def test_stock_selective_state_update_outside_replay_layers(monkeypatch, ssu_hoo
 def test_replay_step_checks_the_pool(monkeypatch):
     r2t = make_pool(monkeypatch, mamba2_params(), "mamba2", ReplayConfig(buffer_len=L))
     with pytest.raises(RuntimeError, match="built for 'mamba2' layers"):
-        backends._ReplayStep(r2t, SimpleNamespace(disable_radix_cache=True), "gdn")
-    for strategy in ("no_buffer", "extra_buffer", "extra_buffer_lazy"):
-        backends._ReplayStep(r2t, SimpleNamespace(disable_radix_cache=False,
-                                                  mamba_radix_cache_strategy=strategy), "mamba2")
+        backends._ReplayStep(r2t, "gdn")
+    assert backends._ReplayStep(r2t, "mamba2").pool is r2t.mamba_pool
 
 
 def track_scenario(h: Harness):
