@@ -421,3 +421,23 @@ def test_speculative_pool_without_state_snapshots(monkeypatch, case):
 def test_zz_restores_mamba_pool_cls():
     # runs last in this file: every test's monkeypatch of mamba_pool_cls was undone
     assert HybridReqToTokenPool.mamba_pool_cls is MambaPool
+
+
+def test_extra_buffer_pool_allocates_track_slots(monkeypatch):
+    """With the radix cache's extra_buffer SGLang gives each request two
+    ping-pong track slots from the same pool (hybrid memory_pool.py:1400);
+    they are ReplaySSM slots like the request's own (checkpoint, buffer,
+    cursors), distinct from every other."""
+    monkeypatch.setattr(HybridReqToTokenPool, "mamba_pool_cls",
+                        ReplayMambaPool.with_config(ReplayConfig(buffer_len=4), family="mamba2"))
+    r2t = HybridReqToTokenPool(
+        size=SLOTS, mamba_size=3 * 2, mamba_spec_state_size=SLOTS, max_context_len=32,
+        device="cpu", enable_memory_saver=False, cache_params=mamba2_params(),
+        mamba_layer_ids=LAYERS, enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
+    reqs = [req(), req()]
+    r2t.alloc(reqs)
+    own = [int(r.mamba_pool_idx) for r in reqs]
+    track = [int(s) for r in reqs for s in r.mamba_ping_pong_track_buffer]
+    assert len(set(own + track)) == 6 and min(own + track) >= 1
+    pool = r2t.mamba_pool
+    assert all(t.shape[1] == pool.size + 1 for t in pool.slot_tensors())
