@@ -53,6 +53,7 @@ import urllib.request
 # the flag vocabulary of the replayssm arm, from the package it serves with
 from sglang_replayssm.config import (CHECKPOINT_DTYPES, DECODE_ROUTES, DUMMY_INIT_ENV,
                                      NATIVE_FP32_OPS_ENV)
+from sglang_replayssm.dummy_init import DUMMY_INITS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
@@ -1094,7 +1095,7 @@ def main(argv=None) -> int:
     run.add_argument("--output-len", type=int, default=256)
     run.add_argument("--parity", action="store_true",
                      help="also dump greedy tokens + logprobs (for greedy_parity in merge)")
-    run.add_argument("--dummy-init", choices=("sglang", "scaled", "echo"), default="sglang",
+    run.add_argument("--dummy-init", choices=("sglang", *DUMMY_INITS), default="sglang",
                      help="scaled: dummy weights at trained-model scale in every arm "
                           "(sglang_replayssm.dummy_init; needed for a greedy parity that "
                           "depends on the SSM layers); echo: the same with the LM head = "

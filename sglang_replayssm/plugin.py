@@ -24,14 +24,15 @@ def register() -> None:
         return
     from sglang_replayssm import sglang_hooks
     from sglang_replayssm.config import DUMMY_INIT_ENV, NATIVE_FP32_OPS_ENV, ReplayConfig
+    from sglang_replayssm.dummy_init import DUMMY_INITS
 
     sglang_hooks.check_sglang_version()
     sglang_hooks.install_cli_hooks()
     dummy_init = os.environ.get(DUMMY_INIT_ENV, "")
-    if dummy_init not in ("", "sglang", "scaled", "echo"):
-        raise ValueError(f"{DUMMY_INIT_ENV} must be 'scaled', 'echo' or 'sglang', "
+    if dummy_init not in ("", "sglang", *DUMMY_INITS):
+        raise ValueError(f"{DUMMY_INIT_ENV} must be one of {', '.join(DUMMY_INITS)} or sglang, "
                          f"got {dummy_init!r}")
-    if dummy_init in ("scaled", "echo"):
+    if dummy_init in DUMMY_INITS:
         sglang_hooks.install_dummy_init_hook(dummy_init)
     native_fp32 = os.environ.get(NATIVE_FP32_OPS_ENV, "")
     if native_fp32 not in ("", "0", "1"):
