@@ -234,9 +234,9 @@ def resolve_radix_cache_strategy(args: argparse.Namespace) -> None:
     (arg_groups/overrides.py:1490-1502), resolves to ``no_buffer`` here, with
     overlap scheduling off as it requires (server_args.py:5575-5582), which
     is what SGLang's own ``auto`` does for models without extra_buffer
-    support. An explicit strategy, ``--page-size`` above 1 (no_buffer needs
-    pages of one token; auto then picks extra_buffer) and
-    ``--disable-radix-cache`` are left to SGLang."""
+    support. An explicit strategy, what no_buffer cannot serve (``--page-size``
+    above 1, ``--attention-backend trtllm_mha``: auto then picks
+    extra_buffer) and ``--disable-radix-cache`` are left to SGLang."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
     if getattr(args, "disable_radix_cache", False):
@@ -246,6 +246,8 @@ def resolve_radix_cache_strategy(args: argparse.Namespace) -> None:
     page_size = getattr(args, "page_size", None)
     if page_size is not None and page_size > 1:
         return
+    if getattr(args, "attention_backend", None) == "trtllm_mha":
+        return  # no_buffer refuses it (server_args.py:5580-5582)
     hf_config = get_config(args.model_path, trust_remote_code=getattr(args, "trust_remote_code", False),
                            revision=getattr(args, "revision", None))
     if not _uses_mamba_radix_cache(hf_config):

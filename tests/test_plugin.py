@@ -158,6 +158,7 @@ def test_radix_cache_resolves_to_no_buffer(hooks, monkeypatch, tmp_path, model, 
         for strategy in ("extra_buffer", "extra_buffer_lazy"):
             assert launch("--mamba-radix-cache-strategy", strategy) == (strategy, False)
         assert launch("--page-size", "16") == ("auto", False)
+        assert launch("--attention-backend", "trtllm_mha") == ("auto", False)
         assert launch("--disable-radix-cache") == ("auto", False)
     assert not caplog.records
 
