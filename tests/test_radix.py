@@ -114,26 +114,26 @@ class RadixRig:
 
 @pytest.fixture
 def published(tmp_path):
-    """The process-wide server args the radix cache reads (page size, chunk size)."""
+    """publish(family): the process-wide server args the radix cache reads
+    (page size, chunk size), undone afterwards. They say no_buffer either
+    way (SGLang's checks of extra_buffer want CUDA); the cache takes
+    extra_buffer from its init params."""
+    from contextlib import ExitStack
+
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
-    def publish(family, strategy):
-        (path,) = make_model.write_model_configs(str(tmp_path), [MODEL[family]])
-        parallel = runtime_context.get_parallel().override(attn_tp_size=1, attn_tp_rank=0,
-                                                           tp_size=1, tp_rank=0)
-        parallel.__enter__()
-        publish.exits.append(parallel)
-        runtime_context.publish(ServerArgs(
-            model_path=path, device="cpu", page_size=1, mamba_radix_cache_strategy=strategy,
-            disable_overlap_schedule=True,
-            attention_backend="flashinfer" if family == "mamba2" else "triton"), role="test")
-        return path
+    with ExitStack() as stack:
+        def publish(family):
+            (path,) = make_model.write_model_configs(str(tmp_path), [MODEL[family]])
+            stack.enter_context(runtime_context.get_parallel().override(
+                attn_tp_size=1, attn_tp_rank=0, tp_size=1, tp_rank=0))
+            runtime_context.publish(ServerArgs(
+                model_path=path, device="cpu", page_size=1, mamba_radix_cache_strategy="no_buffer",
+                disable_overlap_schedule=True,
+                attention_backend="flashinfer" if family == "mamba2" else "triton"), role="test")
 
-    publish.exits = []
-    yield publish
-    for ctx in publish.exits:
-        ctx.__exit__(None, None, None)
+        yield publish
     runtime_context.reset_context()
 
 
@@ -160,7 +160,7 @@ def test_no_buffer_caches_the_slot_with_its_buffer(monkeypatch, request, publish
     tokens buffered) is cached under its fed tokens; a request extending
     them is matched to all of them and continues from the copy."""
     request.getfixturevalue("ssu_hook" if family == "mamba2" else "gdn_stock_bodies")
-    published(family, "no_buffer")
+    published(family)
     rig = RadixRig(monkeypatch, family, False, seed=21)
     h = rig.h
     prompt = [11, 12, 13, 14, 15]
@@ -188,7 +188,7 @@ def test_extra_buffer_caches_the_track_snapshot(monkeypatch, request, published,
     processor does; the finished request is cached under the tracked length
     with the track slot, and a request extending it continues from the copy."""
     request.getfixturevalue("ssu_hook" if family == "mamba2" else "gdn_stock_bodies")
-    published(family, "no_buffer")  # the cache takes extra_buffer from its init params
+    published(family)
     rig = RadixRig(monkeypatch, family, True, seed=22)
     h = rig.h
     prompt = [11, 12, 13, 14, 15]
