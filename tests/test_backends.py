@@ -45,13 +45,15 @@ L = 4  # small buffer: flushes every 4 decode steps
 TOL = dict(rtol=2e-4, atol=2e-5)
 
 
-def make_pool(monkeypatch, params, family, cfg, drafts=None, topk=None):
+def make_pool(monkeypatch, params, family, cfg, drafts=None, topk=None, mamba_size=SLOTS,
+              extra_buffer=False):
+    """extra_buffer: the radix cache's track slots too (two per request)."""
     monkeypatch.setattr(HybridReqToTokenPool, "mamba_pool_cls",
                         ReplayMambaPool.with_config(cfg, family=family))
     return HybridReqToTokenPool(
-        size=SLOTS, mamba_size=SLOTS, mamba_spec_state_size=SLOTS, max_context_len=64,
+        size=SLOTS, mamba_size=mamba_size, mamba_spec_state_size=SLOTS, max_context_len=64,
         device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=LAYERS,
-        enable_mamba_extra_buffer=False, enable_overlap_schedule=False,
+        enable_mamba_extra_buffer=extra_buffer, enable_overlap_schedule=False,
         speculative_num_draft_tokens=drafts, speculative_eagle_topk=topk)
 
 
@@ -173,14 +175,15 @@ def ssu_hook(monkeypatch):
 class Harness:
     """Drives a backend through scheduler-like steps and checks every output."""
 
-    def __init__(self, monkeypatch, family, cfg, seed, conv_dtype=None, drafts=None, topk=None):
+    def __init__(self, monkeypatch, family, cfg, seed, conv_dtype=None, drafts=None, topk=None,
+                 **pool_kwargs):
         self.g = torch.Generator().manual_seed(seed)
         self.family = family
         params = mamba2_params(torch.float32) if family == "mamba2" else gdn_params(torch.float32)
         if conv_dtype is not None:
             params = dataclasses.replace(params, dtype=dataclasses.replace(params.dtype,
                                                                            conv=conv_dtype))
-        self.r2t = make_pool(monkeypatch, params, family, cfg, drafts, topk)
+        self.r2t = make_pool(monkeypatch, params, family, cfg, drafts, topk, **pool_kwargs)
         self.pool = self.r2t.mamba_pool
         cls = backends.ReplayMamba2AttnBackend if family == "mamba2" else backends.ReplayGDNAttnBackend
         be = cls.__new__(cls)  # the stock __init__ needs a ModelRunner; set what forward reads
@@ -826,6 +829,26 @@ def verify_step(h, rows, T, tree, conv, track=None):
 L_SPEC = 6  # buffer_len of the verify tests: T = 3 drafts, ring capacity 8
 
 
+def spec_harness(monkeypatch, family, tree, T, seed):
+    """A Harness for T-draft verifies through the backends (SGLang's CUDA-only
+    conv-window scatter in PyTorch, GDN's verify conv stood in for) with
+    requests a and b prefilled. Returns (harness, the stand-in conv)."""
+    from sglang.kernels.ops.mamba import mamba_state_scatter_triton
+    from sglang.srt.layers.attention.linear import gdn_backend
+
+    monkeypatch.setattr(mamba_state_scatter_triton, "fused_conv_window_scatter_with_mask",
+                        _conv_window_scatter)
+    conv = _VerifyConv()
+    monkeypatch.setattr(gdn_backend, "causal_conv1d_update", conv, raising=False)
+    h = Harness(monkeypatch, family, ReplayConfig(buffer_len=L_SPEC), seed=seed, drafts=T,
+                topk=2 if tree else None)
+    if family == "gdn":
+        h.be.verify_intermediate_state_indices = torch.arange(SLOTS + 1, dtype=torch.int32)
+    h.admit("a"), h.admit("b")
+    h.step(prefill=[("a", 3), ("b", 2)])
+    return h, conv
+
+
 @PADDED_ROW_GARBAGE
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
@@ -837,20 +860,8 @@ def test_speculative_verify_and_commit(monkeypatch, ssu_hook, gdn_stock_bodies, 
     acceptance, a padded row, a prefill admitted between verifies, across
     flushes: every draft's output against the float64 recurrence along its
     path, the cursors after every commit."""
-    from sglang.kernels.ops.mamba import mamba_state_scatter_triton
-    from sglang.srt.layers.attention.linear import gdn_backend
-
-    monkeypatch.setattr(mamba_state_scatter_triton, "fused_conv_window_scatter_with_mask",
-                        _conv_window_scatter)
-    conv = _VerifyConv()
-    monkeypatch.setattr(gdn_backend, "causal_conv1d_update", conv, raising=False)
     T = 3
-    h = Harness(monkeypatch, family, ReplayConfig(buffer_len=L_SPEC), seed=11, drafts=T,
-                topk=2 if tree else None)
-    if family == "gdn":
-        h.be.verify_intermediate_state_indices = torch.arange(SLOTS + 1, dtype=torch.int32)
-    h.admit("a"), h.admit("b")
-    h.step(prefill=[("a", 3), ("b", 2)])
+    h, conv = spec_harness(monkeypatch, family, tree, T, seed=11)
     accepted, flushed = [], 0
     for step in range(7):
         if step == 3:  # a new request's prefill between two verifies
@@ -873,20 +884,8 @@ def test_speculative_commit_radix_track_snapshots(monkeypatch, ssu_hook, gdn_sto
     conv window after it) copied into a track slot, which then serves as a
     cached prefix: a request continuing from it through more verifies,
     every draft checked against the float64 truth."""
-    from sglang.kernels.ops.mamba import mamba_state_scatter_triton
-    from sglang.srt.layers.attention.linear import gdn_backend
-
-    monkeypatch.setattr(mamba_state_scatter_triton, "fused_conv_window_scatter_with_mask",
-                        _conv_window_scatter)
-    conv = _VerifyConv()
-    monkeypatch.setattr(gdn_backend, "causal_conv1d_update", conv, raising=False)
     T = 3
-    h = Harness(monkeypatch, family, ReplayConfig(buffer_len=L_SPEC), seed=13, drafts=T,
-                topk=2 if tree else None)
-    if family == "gdn":
-        h.be.verify_intermediate_state_indices = torch.arange(SLOTS + 1, dtype=torch.int32)
-    h.admit("a"), h.admit("b")
-    h.step(prefill=[("a", 3), ("b", 2)])
+    h, conv = spec_harness(monkeypatch, family, tree, T, seed=13)
     snaps = 0
     for step in range(6):
         t = req()

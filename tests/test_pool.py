@@ -41,13 +41,15 @@ def gdn_params(ssm=torch.float32):
                              dtype=Mamba2StateDType(conv=torch.bfloat16, temporal=ssm))
 
 
-def build(monkeypatch, params, cfg, family=None):
+def build(monkeypatch, params, cfg, family=None, **kwargs):
+    """kwargs override HybridReqToTokenPool's arguments below."""
     monkeypatch.setattr(HybridReqToTokenPool, "mamba_pool_cls",
                         ReplayMambaPool.with_config(cfg, family=family))
-    r2t = HybridReqToTokenPool(
-        size=SLOTS, mamba_size=SLOTS, mamba_spec_state_size=SLOTS, max_context_len=32,
-        device="cpu", enable_memory_saver=False, cache_params=params, mamba_layer_ids=LAYERS,
-        enable_mamba_extra_buffer=False, enable_overlap_schedule=False)
+    r2t = HybridReqToTokenPool(**{
+        **dict(size=SLOTS, mamba_size=SLOTS, mamba_spec_state_size=SLOTS, max_context_len=32,
+               device="cpu", enable_memory_saver=False, cache_params=params,
+               mamba_layer_ids=LAYERS, enable_mamba_extra_buffer=False,
+               enable_overlap_schedule=False), **kwargs})
     assert type(r2t.mamba_pool).__mro__[1] is ReplayMambaPool
     return r2t
 
@@ -428,12 +430,8 @@ def test_extra_buffer_pool_allocates_track_slots(monkeypatch):
     ping-pong track slots from the same pool (hybrid memory_pool.py:1400);
     they are ReplaySSM slots like the request's own (checkpoint, buffer,
     cursors), distinct from every other."""
-    monkeypatch.setattr(HybridReqToTokenPool, "mamba_pool_cls",
-                        ReplayMambaPool.with_config(ReplayConfig(buffer_len=4), family="mamba2"))
-    r2t = HybridReqToTokenPool(
-        size=SLOTS, mamba_size=3 * 2, mamba_spec_state_size=SLOTS, max_context_len=32,
-        device="cpu", enable_memory_saver=False, cache_params=mamba2_params(),
-        mamba_layer_ids=LAYERS, enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
+    r2t = build(monkeypatch, mamba2_params(), ReplayConfig(buffer_len=4), family="mamba2",
+                mamba_size=3 * 2, enable_mamba_extra_buffer=True, enable_overlap_schedule=True)
     reqs = [req(), req()]
     r2t.alloc(reqs)
     own = [int(r.mamba_pool_idx) for r in reqs]

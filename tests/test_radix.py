@@ -25,17 +25,15 @@ from sglang.srt.managers.schedule_batch import Req  # noqa: E402
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams  # noqa: E402
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams  # noqa: E402
-from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool  # noqa: E402
 from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
 from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: E402
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
-from sglang_replayssm import backends  # noqa: E402
 from sglang_replayssm.config import ReplayConfig  # noqa: E402
 from test_backends import (LAYERS, PADDED_ROW_GARBAGE, SLOTS, L, Harness,  # noqa: E402,F401
                            gdn_stock_bodies, ssu_hook)
-from test_pool import gdn_params, mamba2_params  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
 import make_model  # noqa: E402
@@ -48,16 +46,10 @@ class RadixRig:
     allocator and SGLang's UnifiedRadixCache, as the scheduler builds them."""
 
     def __init__(self, monkeypatch, family, extra_buffer, seed):
-        self.h = h = Harness(monkeypatch, family, ReplayConfig(buffer_len=L), seed=seed)
-        params = mamba2_params(torch.float32) if family == "mamba2" else gdn_params(torch.float32)
-        r2t = HybridReqToTokenPool(
-            size=SLOTS, mamba_size=3 * SLOTS, mamba_spec_state_size=SLOTS, max_context_len=64,
-            device="cpu", enable_memory_saver=False, cache_params=params,
-            mamba_layer_ids=LAYERS, enable_mamba_extra_buffer=extra_buffer,
-            enable_overlap_schedule=False)
-        h.r2t, h.pool = r2t, r2t.mamba_pool
-        h.be.req_to_token_pool = r2t
-        h.be.replay = backends._ReplayStep(r2t, family)
+        # three slots per request, as SGLang sizes the pool with a radix cache
+        self.h = h = Harness(monkeypatch, family, ReplayConfig(buffer_len=L), seed=seed,
+                             mamba_size=3 * SLOTS, extra_buffer=extra_buffer)
+        r2t = h.r2t
         kv = HybridLinearKVPool(size=128, dtype=torch.bfloat16, page_size=1, head_num=1,
                                 head_dim=8, full_attention_layer_ids=[max(LAYERS) + 1],
                                 device="cpu", enable_memory_saver=False,
@@ -92,6 +84,18 @@ class RadixRig:
         h.r2t.req_to_token[r.req_pool_idx, cached:len(ids)] = kv
         h.reqs[rid] = r
         return r, cached
+
+    def start(self, rid, prompt):
+        """A fresh request (nothing cached yet) prefilled with ``prompt``,
+        its first output token 100."""
+        h = self.h
+        r, cached = self.admit(rid, prompt)
+        assert cached == 0
+        h.expected_fill[rid] = 0
+        h.truth.start(rid)
+        h.step(prefill=[(rid, len(prompt))])
+        r.output_ids = array("i", [100])
+        return r
 
     def decode(self, rids, out_ids, track=None):
         """One decode step: each request feeds its last output token."""
@@ -164,12 +168,7 @@ def test_no_buffer_caches_the_slot_with_its_buffer(monkeypatch, request, publish
     rig = RadixRig(monkeypatch, family, False, seed=21)
     h = rig.h
     prompt = [11, 12, 13, 14, 15]
-    r, cached = rig.admit("a", prompt)
-    assert cached == 0
-    h.expected_fill["a"] = 0
-    h.truth.start("a")
-    h.step(prefill=[("a", len(prompt))])
-    r.output_ids = array("i", [100])
+    r = rig.start("a", prompt)
     for i in range(L + 3):  # one flush, then 3 tokens buffered
         rig.decode(["a"], {"a": 101 + i})
     assert h.fill("a") == 3
@@ -192,11 +191,7 @@ def test_extra_buffer_caches_the_track_snapshot(monkeypatch, request, published,
     rig = RadixRig(monkeypatch, family, True, seed=22)
     h = rig.h
     prompt = [11, 12, 13, 14, 15]
-    r, _ = rig.admit("a", prompt)
-    h.expected_fill["a"] = 0
-    h.truth.start("a")
-    h.step(prefill=[("a", len(prompt))])
-    r.output_ids = array("i", [100])
+    r = rig.start("a", prompt)
     for i in range(L + 2):
         track = None
         if i == L + 1:  # the step that leaves 2 tokens buffered is a track boundary
